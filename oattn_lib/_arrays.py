@@ -1,0 +1,73 @@
+"""Input validation and the numpy/torch boundary shared by the numerical core.
+
+The core computes in torch so that the same code runs on CPU and CUDA: work happens on
+the device of the input. Public functions accept numpy arrays or torch tensors and
+return the kind they were given.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ArrayLike = "np.ndarray | torch.Tensor"
+
+
+def as_tensor(x, name: str, ndim: int | tuple[int, ...] | None = None,
+              dtype: torch.dtype | None = torch.float32, finite: bool = True) -> tuple[torch.Tensor, bool]:
+    """Validate `x` and return it as a torch tensor, plus whether it came in as numpy.
+
+    Raises ValueError naming `name` for a wrong number of dimensions, an axis of
+    length 0, or (with `finite`) NaN/inf entries.
+    """
+    was_numpy = not isinstance(x, torch.Tensor)
+    if was_numpy:
+        try:
+            arr = np.asarray(x)
+        except Exception as exc:  # ragged lists and the like
+            raise ValueError(f"{name}: cannot be read as an array ({exc})") from exc
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise ValueError(f"{name}: expected a numeric array, got dtype {arr.dtype}")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    else:
+        t = x
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.ndim not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise ValueError(f"{name}: expected {want} dimensions, got shape {tuple(t.shape)}")
+    if any(s == 0 for s in t.shape):
+        raise ValueError(f"{name}: has an axis of length 0 (shape {tuple(t.shape)})")
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise ValueError(f"{name}: contains NaN or inf (first at index {tuple(bad)})")
+    return t, was_numpy
+
+
+def back(t: torch.Tensor, was_numpy: bool):
+    """Return `t` in the kind the caller gave: numpy (on CPU) or torch (on its device)."""
+    return t.detach().cpu().numpy() if was_numpy else t
+
+
+def to_numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def check_affinity(a: np.ndarray, name: str = "affinity", atol: float = 1e-6) -> np.ndarray:
+    """A square, symmetric, nonnegative, finite matrix, as float64 numpy."""
+    a = to_numpy(a)
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(f"{name}: expected a square matrix, got shape {a.shape}")
+    if a.shape[0] == 0:
+        raise ValueError(f"{name}: has an axis of length 0 (shape {a.shape})")
+    a = a.astype(np.float64, copy=False)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name}: contains NaN or inf")
+    scale = max(1.0, float(np.abs(a).max()))
+    if not np.allclose(a, a.T, atol=atol * scale, rtol=0):
+        err = float(np.abs(a - a.T).max())
+        raise ValueError(f"{name}: not symmetric (max |A - A^T| = {err:.3g})")
+    if (a < -atol * scale).any():
+        raise ValueError(f"{name}: has negative entries (min {a.min():.3g})")
+    return (a + a.T) / 2

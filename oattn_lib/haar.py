@@ -1,0 +1,166 @@
+"""Haar bases on partition trees and the bi-/tri-Haar transforms (SPEC 2).
+
+The basis of Gavish, Nadler and Coifman (2010): column 0 is the constant; each folder
+with m children contributes m - 1 vectors that are constant on each child and balance
+the largest child against the rest. Transforms are dense batched matrix products, on
+the device of the input.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ._arrays import as_tensor, back
+from .trees import PartitionTree
+
+__all__ = ["haar_basis", "bihaar", "inverse_bihaar", "trihaar", "inverse_trihaar",
+           "bihaar_support", "trihaar_support"]
+
+
+def _check_tree(tree, name: str) -> PartitionTree:
+    if not isinstance(tree, PartitionTree):
+        raise ValueError(f"{name}: expected a PartitionTree, got {type(tree).__name__}")
+    return tree
+
+
+@lru_cache(maxsize=64)
+def _basis_cached(tree: PartitionTree):
+    n = tree.n
+    cols = [np.full((n, 1), 1.0 / np.sqrt(n))]
+    support = [np.array([n])]
+    level = [np.array([0])]
+    keys = [np.array([[-1, -1, -1]])]  # (level, smallest element of folder, rank)
+    idx = np.arange(n)
+    for lev in range(tree.n_levels - 1):
+        child = tree.labels[lev + 1]
+        par = tree.parents[lev + 1]
+        csize = tree.folder_sizes[lev + 1]
+        n_child = np.bincount(par)
+        # rank of each child inside its parent: by size descending, then label
+        srt = np.lexsort((np.arange(par.size), -csize, par))
+        first_of_parent = np.searchsorted(par[srt], par[srt], side="left")
+        rank = np.empty(par.size, dtype=np.int64)
+        rank[srt] = np.arange(par.size) - first_of_parent
+        # S = sizes of the children ranked after this one, in the same parent
+        cum = np.empty(par.size)
+        cum[srt] = np.cumsum(csize[srt]) - np.cumsum(csize[srt])[first_of_parent] + csize[srt][first_of_parent]
+        parent_size = tree.folder_sizes[lev][par]
+        big_s = parent_size - cum
+        is_vec = rank < n_child[par] - 1
+        if not is_vec.any():
+            continue
+        v_par, v_rank = par[is_vec], rank[is_vec]
+        v_s, v_S = csize[is_vec].astype(float), big_s[is_vec].astype(float)
+        norm = np.sqrt(v_s * v_S * (v_s + v_S))
+        item_par = tree.labels[lev][:, None]
+        item_rank = rank[child][:, None]
+        same = item_par == v_par[None, :]
+        vals = np.where(item_rank == v_rank[None, :], v_S[None, :],
+                        np.where(item_rank > v_rank[None, :], -v_s[None, :], 0.0))
+        cols.append(same * vals / norm[None, :])
+        support.append(tree.folder_sizes[lev][v_par])
+        level.append(np.full(v_par.size, lev))
+        smallest = np.full(tree.n_folders(lev), n)
+        np.minimum.at(smallest, tree.labels[lev], idx)
+        keys.append(np.stack([np.full(v_par.size, lev), smallest[v_par], v_rank], 1))
+    k = np.concatenate(keys)
+    perm = np.lexsort((k[:, 2], k[:, 1], k[:, 0]))
+    basis = np.concatenate(cols, axis=1)[:, perm]
+    out = (basis, np.concatenate(support)[perm], np.concatenate(level)[perm])
+    for a in out:
+        a.setflags(write=False)
+    return out
+
+
+def haar_basis(tree: PartitionTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Orthonormal Haar basis of R^n on `tree` (SPEC 2).
+
+    Returns (B, support, level): B is (n, n) float64 with orthonormal columns, column 0
+    the constant; support[j] is the size of the folder vector j lives on (n for the
+    constant) and level[j] its folder's level (root = 0). Columns are ordered by level,
+    then by the folder's smallest item, then by child rank.
+    """
+    return _basis_cached(_check_tree(tree, "tree"))
+
+
+def _basis_t(tree, name, like: torch.Tensor) -> torch.Tensor:
+    b = haar_basis(_check_tree(tree, name))[0]
+    return torch.as_tensor(b, dtype=like.dtype, device=like.device)
+
+
+def _check_axis(x: torch.Tensor, axis: int, tree: PartitionTree, name: str, xname: str = "X"):
+    if x.shape[axis] != tree.n:
+        raise ValueError(f"{name}: has {tree.n} items but {xname} axis {axis} has length {x.shape[axis]}")
+
+
+def _bihaar_t(x: torch.Tensor, tree_q, tree_k, inverse: bool) -> torch.Tensor:
+    bq, bk = _basis_t(tree_q, "tree_q", x), _basis_t(tree_k, "tree_k", x)
+    if inverse:
+        bq, bk = bq.T, bk.T
+    # (h, q, k) batched: Bq^T X_h Bk
+    xh = x.permute(2, 0, 1)
+    return (bq.T @ xh @ bk).permute(1, 2, 0)
+
+
+def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree):
+    """bi-Haar coefficients C_h = B_Q^T X_h B_K of every head (SPEC 2).
+
+    X is (query, key, head) or a single (query, key) head; the result has the same shape,
+    indexed by (query basis, key basis[, head]).
+    """
+    x, was_np = as_tensor(X, "X", ndim=(2, 3), dtype=None)
+    x = x if x.is_floating_point() else x.float()
+    single = x.ndim == 2
+    if single:
+        x = x[:, :, None]
+    _check_axis(x, 0, tree_q, "tree_q")
+    _check_axis(x, 1, tree_k, "tree_k")
+    c = _bihaar_t(x, tree_q, tree_k, inverse=False)
+    return back(c[:, :, 0] if single else c, was_np)
+
+
+def inverse_bihaar(C, tree_q: PartitionTree, tree_k: PartitionTree):
+    """Reconstruct heads from bi-Haar coefficients: X_h = B_Q C_h B_K^T."""
+    c, was_np = as_tensor(C, "C", ndim=(2, 3), dtype=None)
+    c = c if c.is_floating_point() else c.float()
+    single = c.ndim == 2
+    if single:
+        c = c[:, :, None]
+    _check_axis(c, 0, tree_q, "tree_q", "C")
+    _check_axis(c, 1, tree_k, "tree_k", "C")
+    x = _bihaar_t(c, tree_q, tree_k, inverse=True)
+    return back(x[:, :, 0] if single else x, was_np)
+
+
+def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
+    """tri-Haar coefficients of the network: X x_1 B_Q^T x_2 B_K^T x_3 B_H^T (SPEC 2)."""
+    x, was_np = as_tensor(X, "X", ndim=3, dtype=None)
+    x = x if x.is_floating_point() else x.float()
+    _check_axis(x, 0, tree_q, "tree_q")
+    _check_axis(x, 1, tree_k, "tree_k")
+    _check_axis(x, 2, tree_h, "tree_h")
+    c = _bihaar_t(x, tree_q, tree_k, inverse=False) @ _basis_t(tree_h, "tree_h", x)
+    return back(c, was_np)
+
+
+def inverse_trihaar(C, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
+    """Reconstruct the network tensor from its tri-Haar coefficients."""
+    c, was_np = as_tensor(C, "C", ndim=3, dtype=None)
+    c = c if c.is_floating_point() else c.float()
+    _check_axis(c, 0, tree_q, "tree_q", "C")
+    _check_axis(c, 1, tree_k, "tree_k", "C")
+    _check_axis(c, 2, tree_h, "tree_h", "C")
+    x = _bihaar_t(c @ _basis_t(tree_h, "tree_h", c).T, tree_q, tree_k, inverse=True)
+    return back(x, was_np)
+
+
+def bihaar_support(tree_q: PartitionTree, tree_k: PartitionTree) -> np.ndarray:
+    """Support size of each bi-Haar basis function (a, b): support_Q(a) * support_K(b)."""
+    return np.outer(haar_basis(tree_q)[1], haar_basis(tree_k)[1])
+
+
+def trihaar_support(tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree) -> np.ndarray:
+    """Support size of each tri-Haar basis function (a, b, c)."""
+    return bihaar_support(tree_q, tree_k)[:, :, None] * haar_basis(tree_h)[1][None, None, :]

@@ -1,0 +1,303 @@
+"""Partition trees (SPEC 1): nested partitions from the root down to singletons.
+
+A tree on n items is an integer array ``labels[level, item]``; level 0 is the root (one
+folder), the last level holds n singletons, and every level refines the one above. The
+numbering of folders at a level fixes the order of siblings: children are visited in
+increasing label order, so the depth-first leaf order (the "organized" order of the
+axis) is the lexicographic order of the items' label paths. Trees are stored in a
+canonical numbering (folders numbered 0..F-1 at each level in depth-first order), so
+two trees with the same folders and sibling order compare equal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ._arrays import check_affinity
+
+__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree"]
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionTree:
+    """Nested partitions of n items, level 0 = root; see the module docstring."""
+
+    labels: np.ndarray
+
+    def __post_init__(self):
+        lab = np.asarray(self.labels)
+        if lab.ndim != 2:
+            raise ValueError(f"labels: expected a 2-D (level, item) array, got shape {lab.shape}")
+        if lab.shape[0] == 0 or lab.shape[1] == 0:
+            raise ValueError(f"labels: has an axis of length 0 (shape {lab.shape})")
+        if not np.issubdtype(lab.dtype, np.integer):
+            if not np.all(np.equal(np.mod(lab, 1), 0)):
+                raise ValueError("labels: must be integers")
+        lab = lab.astype(np.int64)
+        n_levels, n = lab.shape
+        if np.unique(lab[0]).size != 1:
+            raise ValueError("labels: level 0 (the root) must be a single folder")
+        if np.unique(lab[-1]).size != n:
+            raise ValueError("labels: the last level must hold n singletons (leaves)")
+        for lev in range(1, n_levels):
+            # nested: every folder at `lev` lies inside exactly one folder at `lev - 1`
+            pairs = np.unique(np.stack([lab[lev], lab[lev - 1]]), axis=1)
+            if np.unique(pairs[0]).size != pairs.shape[1]:
+                raise ValueError(f"labels: level {lev} is not nested in level {lev - 1} "
+                                 "(a folder has items in two parent folders)")
+        # canonical numbering in depth-first order (sibling order = label order)
+        order = np.lexsort(lab[::-1])
+        canon = np.empty_like(lab)
+        for lev in range(n_levels):
+            seq = lab[lev, order]
+            new_folder = np.r_[True, seq[1:] != seq[:-1]] if n > 1 else np.array([True])
+            canon[lev, order] = np.cumsum(new_folder) - 1
+        canon.setflags(write=False)
+        object.__setattr__(self, "labels", canon)
+
+    # -- basic shape ------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self.labels.shape[1]
+
+    @property
+    def n_levels(self) -> int:
+        return self.labels.shape[0]
+
+    def n_folders(self, level: int) -> int:
+        return int(self.labels[level].max()) + 1
+
+    @cached_property
+    def order(self) -> np.ndarray:
+        """Depth-first leaf order: ``X[order]`` is the organized axis."""
+        return np.argsort(self.labels[-1], kind="stable")
+
+    @cached_property
+    def folder_sizes(self) -> list[np.ndarray]:
+        """Per level, the number of items in each folder (indexed by folder label)."""
+        return [np.bincount(self.labels[lev]) for lev in range(self.n_levels)]
+
+    @cached_property
+    def parents(self) -> list[np.ndarray]:
+        """Per level l >= 1, the parent folder (at l - 1) of each folder at l; level 0: [-1]."""
+        out = [np.array([-1])]
+        for lev in range(1, self.n_levels):
+            par = np.empty(self.n_folders(lev), dtype=np.int64)
+            par[self.labels[lev]] = self.labels[lev - 1]
+            out.append(par)
+        return out
+
+    def membership(self, level: int) -> np.ndarray:
+        """Boolean (n_folders(level), n) matrix: folder f contains item i."""
+        lab = self.labels[level]
+        return lab[None, :] == np.arange(self.n_folders(level))[:, None]
+
+    @cached_property
+    def folders(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All distinct folders over every level, as (membership, first_level, last_level).
+
+        A folder with a single child is the same set as that child, so it is listed once,
+        with the span of levels it occupies. membership is a boolean (F, n) matrix, in
+        order of first level, then label.
+        """
+        mems, first, indices = [], [], []
+        count = 0
+        for lev in range(self.n_levels):
+            index = np.empty(self.n_folders(lev), dtype=np.int64)
+            if lev == 0:
+                is_new = np.ones(1, dtype=bool)
+            else:
+                par = self.parents[lev]
+                only_child = np.bincount(par, minlength=self.n_folders(lev - 1))[par] == 1
+                index[only_child] = indices[-1][par[only_child]]
+                is_new = ~only_child
+            n_new = int(is_new.sum())
+            index[is_new] = count + np.arange(n_new)
+            count += n_new
+            mems.append(self.membership(lev)[is_new])
+            first.append(np.full(n_new, lev))
+            indices.append(index)
+        last = np.empty(count, dtype=np.int64)
+        for lev, index in enumerate(indices):  # ascending, so the deepest level wins
+            last[index] = lev
+        return np.concatenate(mems), np.concatenate(first), last
+
+    def folder_weights(self, alpha: float = 0.0, beta: float = 1.0) -> np.ndarray:
+        """EMD weight of each distinct folder (SPEC 3.1), summed over the levels it spans.
+
+        w(F) = (|F| / n)^beta * 2^((1 - level) * alpha) with the root at level 1; a folder
+        repeated on k levels contributes k times to the L1 distance, hence the sum.
+        """
+        mem, first, last = self.folders
+        size = mem.sum(1) / self.n
+        lev = np.arange(self.n_levels)
+        per_level = 2.0 ** (-lev * alpha)  # (1 - (l + 1)) * alpha with 0-based l
+        cum = np.concatenate([[0.0], np.cumsum(per_level)])
+        return size ** beta * (cum[last + 1] - cum[first])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PartitionTree) and self.labels.shape == other.labels.shape \
+            and bool(np.array_equal(self.labels, other.labels))
+
+    def __hash__(self) -> int:
+        return hash(self.labels.tobytes())
+
+    def __repr__(self) -> str:
+        return f"PartitionTree(n={self.n}, n_levels={self.n_levels}, " \
+               f"folders={[self.n_folders(lev) for lev in range(self.n_levels)]})"
+
+    # -- xarray round trip --------------------------------------------------------------
+    def to_dataarray(self, name: str = "tree", item_coord=None):
+        """As an xarray DataArray with dims (level, item)."""
+        import xarray as xr
+        coords = {"level": np.arange(self.n_levels)}
+        if item_coord is not None:
+            coords["item"] = np.asarray(item_coord)
+        return xr.DataArray(np.asarray(self.labels), dims=("level", "item"), coords=coords, name=name)
+
+    @classmethod
+    def from_dataarray(cls, da) -> "PartitionTree":
+        if tuple(da.dims) != ("level", "item"):
+            raise ValueError(f"tree DataArray {da.name!r}: expected dims (level, item), got {da.dims}")
+        return cls(np.asarray(da.values))
+
+
+def _levels_to_tree(levels_bottom_up: list[np.ndarray]) -> PartitionTree:
+    return PartitionTree(np.stack(levels_bottom_up[::-1]))
+
+
+def balanced_tree(order) -> PartitionTree:
+    """Balanced binary tree over a given leaf order (SPEC 1.2).
+
+    Each folder of m items (in the given order) splits into the first ceil(m/2) and the
+    rest, until singletons. The tree's `order` equals `order`.
+    """
+    order = np.asarray(order)
+    if order.ndim != 1 or order.size == 0:
+        raise ValueError(f"order: expected a non-empty 1-D permutation, got shape {order.shape}")
+    n = order.size
+    if not np.array_equal(np.sort(order), np.arange(n)):
+        raise ValueError("order: not a permutation of 0..n-1")
+    # position p of the ordered axis lies in folder floor(p / size) at a level of a
+    # dyadic split; with ceil halves, folder boundaries are computed level by level.
+    starts = [np.array([0, n])]
+    while len(starts[-1]) - 1 < n:
+        b = starts[-1]
+        mids = b[:-1] + (b[1:] - b[:-1] + 1) // 2
+        nb = np.unique(np.concatenate([b, mids]))
+        starts.append(nb)
+    labels = np.empty((len(starts), n), dtype=np.int64)
+    pos = np.arange(n)
+    for lev, b in enumerate(starts):
+        labels[lev, order] = np.searchsorted(b, pos, side="right") - 1
+    return PartitionTree(labels)
+
+
+def random_tree(n: int, rng: np.random.Generator) -> PartitionTree:
+    """Balanced binary tree over a random order: the null model of organization."""
+    return balanced_tree(rng.permutation(n))
+
+
+def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
+    """SPEC 1.1 steps 1-2: the bi-stochastic-like normalisation and its top singular triplets.
+
+    Returns (phi, s) with phi[:, k] = u_k / phi_0 (signs fixed so row 0 is positive) and s
+    descending. phi_0 is the top vector of a connected graph, sqrt of the row sums of P1;
+    using it (rather than the first singular vector, which is arbitrary inside the
+    eigenspace of 1 when the graph is disconnected) keeps the division safe.
+    """
+    a = affinity * (affinity > 1e-8)
+    d = a.sum(1) + 1e-15
+    p1 = a / np.outer(d, d)
+    d2 = np.sqrt(p1.sum(1)) + 1e-15
+    p = p1 / np.outer(d2, d2)
+    u, s, _ = np.linalg.svd(p, hermitian=True)
+    k = min(n_eigs, len(s))
+    u, s = u[:, :k], s[:k]
+    phi0 = d2 / np.linalg.norm(d2)
+    phi = u / phi0[:, None]
+    sign = np.where(phi[0] < 0, -1.0, 1.0)
+    return phi * sign, s
+
+
+def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
+    """SPEC 1.1 step 4: group the current nodes at one level; returns a group id per node."""
+    m = dist.shape[0]
+    dist = dist.copy()
+    np.fill_diagonal(dist, 999.0)
+    med = float(np.median(dist))
+    penalty = med / constant
+    nn_order = np.argsort(dist, axis=1, kind="stable")
+    nn_dist = dist[np.arange(m), nn_order[:, 0]]
+    group = np.arange(m)
+    size = np.ones(m, dtype=np.int64)  # number of current nodes in each group (by group id)
+    merges = 0
+    for i in np.argsort(nn_dist, kind="stable"):
+        if size[group[i]] > 1:
+            continue
+        # stop at the median; identical nodes (distance 0) always join (degenerate input)
+        if merges and nn_dist[i] >= med and nn_dist[i] > 0:
+            break
+        for j in nn_order[i, : m - 1]:
+            dij = dist[i, j]
+            if merges and dij >= med and dij > 0:
+                break
+            gj = group[j]
+            if size[gj] == 1 or dij < penalty * 2.0 ** (1 - size[gj]):
+                group[i] = gj
+                size[gj] += 1
+                merges += 1
+                break
+    _, group = np.unique(group, return_inverse=True)
+    return group
+
+
+def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int = 0) -> PartitionTree:
+    """Bottom-up flexible tree from a symmetric nonnegative affinity (SPEC 1.1).
+
+    Levels are built by greedy merges in diffusion embeddings at dyadic times; siblings
+    are ordered by the mean of the first nontrivial diffusion coordinate over their
+    leaves, which makes the leaf order smooth. The construction is deterministic (no
+    randomness is used; `seed` is accepted for API stability).
+    """
+    a = check_affinity(affinity, "affinity")
+    if constant <= 0:
+        raise ValueError(f"constant: must be positive, got {constant}")
+    n = a.shape[0]
+    if n == 1:
+        return PartitionTree(np.zeros((1, 1), dtype=np.int64))
+    phi, s = _diffusion_embedding(a, n_eigs)
+    levels = [np.arange(n)]
+    node_of_leaf = np.arange(n)
+    lev = 1
+    while node_of_leaf.max() > 0:
+        emb = phi * s[None, :] ** (2.0 ** (lev - 1))
+        sq = (emb ** 2).sum(1)
+        d_leaf = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * emb @ emb.T, 0.0))
+        n_nodes = node_of_leaf.max() + 1
+        mem = (node_of_leaf[None, :] == np.arange(n_nodes)[:, None]).astype(np.float64)
+        mem /= mem.sum(1, keepdims=True)
+        d_node = mem @ d_leaf @ mem.T
+        group = _greedy_merge(d_node, constant)
+        node_of_leaf = group[node_of_leaf]
+        levels.append(node_of_leaf.copy())
+        lev += 1
+    # sibling order: by mean of psi_1 over each folder's leaves, at every level
+    psi1 = phi[:, 1] if phi.shape[1] > 1 else np.zeros(n)
+    keys = []
+    for lab in levels[::-1]:  # root first
+        means = np.bincount(lab, weights=psi1) / np.bincount(lab)
+        keys.append(np.round(means[lab], 12))
+        keys.append(lab)  # ties: keep folders contiguous
+    order = np.lexsort(keys[::-1])
+    # relabel so that label order is the sibling order
+    relabelled = []
+    for lab in levels:
+        seq = lab[order]
+        first = np.unique(seq, return_index=True)[1]
+        rank = np.empty(seq.max() + 1, dtype=np.int64)
+        rank[seq[np.sort(first)]] = np.arange(first.size)
+        relabelled.append(rank[lab])
+    return _levels_to_tree(relabelled)
