@@ -87,7 +87,7 @@ def haar_basis(tree: PartitionTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def _basis_t(tree, name, like: torch.Tensor) -> torch.Tensor:
     b = haar_basis(_check_tree(tree, name))[0]
-    return torch.as_tensor(b, dtype=like.dtype, device=like.device)
+    return torch.tensor(b, dtype=like.dtype, device=like.device)
 
 
 def _check_axis(x: torch.Tensor, axis: int, tree: PartitionTree, name: str, xname: str = "X"):

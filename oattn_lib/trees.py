@@ -244,6 +244,10 @@ def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
             dij = dist[i, j]
             if merges and dij >= med and dij > 0:
                 break
+            # "next-nearest" means comparably near: an isolated node stays single for
+            # this level rather than pairing with a far singleton (keeps leaf orders smooth)
+            if dij > 2.0 * nn_dist[i]:
+                break
             gj = group[j]
             if size[gj] == 1 or dij < penalty * 2.0 ** (1 - size[gj]):
                 group[i] = gj

@@ -1,0 +1,134 @@
+"""Haar "entropies" and sparsity of organized heads and networks (SPEC 4).
+
+The paper's l1 entropy sums the magnitudes of the coarsest Haar coefficients (those with
+the largest support). It measures coarse-scale structure, not sparsity: under random
+trees coarse coefficients shrink. Sparsity proper is reported beside it as the l1/l2
+ratio of all coefficients (the l2 norm is the same in every orthonormal basis).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ._arrays import as_tensor
+from .haar import bihaar, haar_basis, trihaar
+
+__all__ = ["coarsest", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
+           "extreme_heads", "jaccard_stability", "n_extreme"]
+
+
+def coarsest(supports: list[np.ndarray], levels: list[np.ndarray], top_k: int) -> np.ndarray:
+    """Flat indices of the `top_k` tensor-product basis functions with the largest support.
+
+    `supports`/`levels` hold one array per axis; the support of a product function is the
+    product of the supports, its level the sum of the levels. Ties go to the coarser
+    level, then to the lower flat index (SPEC 4).
+    """
+    shape = tuple(len(s) for s in supports)
+    total = int(np.prod(shape))
+    if not 1 <= top_k <= total:
+        raise ValueError(f"top_k: must be between 1 and the number of coefficients "
+                         f"({total} for shape {shape}), got {top_k}")
+    sup = np.ones(shape)
+    lev = np.zeros(shape, dtype=np.int64)
+    for ax, (s, lv) in enumerate(zip(supports, levels)):
+        view = [1] * len(shape)
+        view[ax] = -1
+        sup = sup * np.asarray(s, dtype=float).reshape(view)
+        lev = lev + np.asarray(lv).reshape(view)
+    flat = np.arange(total)
+    return np.lexsort((flat, lev.ravel(), -sup.ravel()))[:top_k]
+
+
+def _bases(org, axes):
+    return [haar_basis(getattr(org, f"tree_{a}")) for a in axes]
+
+
+def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
+    """Per-head l1 entropy: sum of |C_h| over the `top_k` coarsest bi-Haar functions (SPEC 4).
+
+    X is (query, key, head); `org` an Organization (its query and key trees are used).
+    Returns a float64 array of shape (head,).
+    """
+    x, _ = as_tensor(X, "X", ndim=3)
+    c = bihaar(x, org.tree_q, org.tree_k)
+    bq, bk = _bases(org, "qk")
+    idx = coarsest([bq[1], bk[1]], [bq[2], bk[2]], top_k)
+    idx_t = torch.as_tensor(idx, device=c.device)
+    return c.reshape(-1, c.shape[2])[idx_t].abs().sum(0).double().cpu().numpy()
+
+
+def network_entropy(X, org, top_k: int = 100) -> float:
+    """Network l1 entropy: sum of |C| over the `top_k` coarsest tri-Haar functions (SPEC 4)."""
+    x, _ = as_tensor(X, "X", ndim=3)
+    c = trihaar(x, org.tree_q, org.tree_k, org.tree_h)
+    bases = _bases(org, "qkh")
+    idx = coarsest([b[1] for b in bases], [b[2] for b in bases], top_k)
+    return float(c.reshape(-1)[torch.as_tensor(idx, device=c.device)].abs().double().sum())
+
+
+def _l1_over_l2(c: torch.Tensor, dims) -> torch.Tensor:
+    c = c.double()
+    l2 = c.pow(2).sum(dims).sqrt()
+    l1 = c.abs().sum(dims)
+    # an all-zero slice is as sparse as can be: ratio 0, not 0/0
+    return torch.where(l2 > 0, l1 / torch.where(l2 > 0, l2, torch.ones_like(l2)), torch.zeros_like(l1))
+
+
+def head_sparsity(X, org) -> np.ndarray:
+    """Per-head l1/l2 ratio of all bi-Haar coefficients; lower is sparser (SPEC 4)."""
+    x, _ = as_tensor(X, "X", ndim=3)
+    return _l1_over_l2(bihaar(x, org.tree_q, org.tree_k), (0, 1)).cpu().numpy()
+
+
+def network_sparsity(X, org) -> float:
+    """l1/l2 ratio of all tri-Haar coefficients of the network; lower is sparser (SPEC 4)."""
+    x, _ = as_tensor(X, "X", ndim=3)
+    return float(_l1_over_l2(trihaar(x, org.tree_q, org.tree_k, org.tree_h).reshape(-1), 0))
+
+
+def n_extreme(n_heads: int, fraction: float) -> int:
+    """Size of the top/bottom set: round(fraction * H), at least 1 (SPEC 4, Table 1)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction: must be in (0, 1], got {fraction}")
+    return max(1, int(round(fraction * n_heads)))
+
+
+def _ranked_sets(entropies_by_batch, fraction: float):
+    e = np.asarray(entropies_by_batch, dtype=float)
+    if e.ndim != 2 or e.shape[0] == 0 or e.shape[1] == 0:
+        raise ValueError(f"entropies_by_batch: expected a non-empty (batch, head) array, got shape {e.shape}")
+    if not np.isfinite(e).all():
+        raise ValueError("entropies_by_batch: contains NaN or inf")
+    k = n_extreme(e.shape[1], fraction)
+    # stable order: equal entropies rank by head index
+    bottom = np.argsort(e, axis=1, kind="stable")[:, :k]
+    top = np.argsort(-e, axis=1, kind="stable")[:, :k]
+    return bottom, top
+
+
+def extreme_heads(entropies_by_batch, fraction: float = 0.1) -> dict[str, np.ndarray]:
+    """How often each head is in the top and bottom `fraction` across batches (Table 1).
+
+    entropies_by_batch is (batch, head). Returns {"top": counts (head,), "bottom":
+    counts (head,), "n_batches": B, "k": set size}.
+    """
+    bottom, top = _ranked_sets(entropies_by_batch, fraction)
+    n_heads = np.asarray(entropies_by_batch).shape[1]
+    return {"top": np.bincount(top.ravel(), minlength=n_heads),
+            "bottom": np.bincount(bottom.ravel(), minlength=n_heads),
+            "n_batches": bottom.shape[0], "k": bottom.shape[1]}
+
+
+def jaccard_stability(entropies_by_batch, fraction: float = 0.1, which: str = "bottom") -> np.ndarray:
+    """Jaccard index of the bottom (or top) `fraction` head sets between every pair of batches."""
+    if which not in ("bottom", "top"):
+        raise ValueError(f"which: must be 'bottom' or 'top', got {which!r}")
+    bottom, top = _ranked_sets(entropies_by_batch, fraction)
+    sets = bottom if which == "bottom" else top
+    n_heads = np.asarray(entropies_by_batch).shape[1]
+    member = np.zeros((sets.shape[0], n_heads), dtype=np.int64)
+    np.put_along_axis(member, sets, 1, axis=1)
+    inter = member @ member.T
+    size = member.sum(1)
+    return inter / (size[:, None] + size[None, :] - inter)
