@@ -1,0 +1,109 @@
+"""Haar entropies, sparsity, Table 1 counts and stability (SPEC 4)."""
+import numpy as np
+import pytest
+
+from oattn_lib.entropy import (coarsest, extreme_heads, head_entropy, head_sparsity,
+                               jaccard_stability, network_entropy, network_sparsity)
+from oattn_lib.haar import haar_basis
+from oattn_lib.questionnaire import Organization
+from oattn_lib.trees import PartitionTree, random_tree
+
+
+def make_org(nq, nk, nh, seed=0):
+    rng = np.random.default_rng(seed)
+    eye = np.eye(1)
+    return Organization(random_tree(nq, rng), random_tree(nk, rng), random_tree(nh, rng), eye, eye, eye)
+
+
+def naive_head_entropy(x, org, top_k):
+    bq, sq, lq = haar_basis(org.tree_q)
+    bk, sk, lk = haar_basis(org.tree_k)
+    entries = []
+    for a in range(len(sq)):
+        for b in range(len(sk)):
+            entries.append((-sq[a] * sk[b], lq[a] + lk[b], a * len(sk) + b, a, b))
+    entries.sort()
+    chosen = entries[:top_k]
+    out = []
+    for h in range(x.shape[2]):
+        c = bq.T @ x[:, :, h].astype(float) @ bk
+        out.append(sum(abs(c[a, b]) for *_, a, b in chosen))
+    return np.array(out)
+
+
+def test_head_entropy_matches_naive_loop():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(9, 7, 5)).astype(np.float32)
+    org = make_org(9, 7, 5)
+    for k in (1, 10, 63):
+        np.testing.assert_allclose(head_entropy(x, org, top_k=k), naive_head_entropy(x, org, k), rtol=1e-5)
+
+
+def test_network_entropy_matches_naive_loop():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 5, 4))
+    org = make_org(6, 5, 4, seed=1)
+    bases = [haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h)]
+    c = np.einsum("qkh,qa,kb,hc->abc", x, *(b[0] for b in bases))
+    keys = []
+    for idx in np.ndindex(c.shape):
+        sup = np.prod([bases[ax][1][i] for ax, i in enumerate(idx)])
+        lev = sum(bases[ax][2][i] for ax, i in enumerate(idx))
+        keys.append((-sup, lev, np.ravel_multi_index(idx, c.shape), idx))
+    keys.sort()
+    expect = sum(abs(c[k[3]]) for k in keys[:20])
+    assert network_entropy(x, org, top_k=20) == pytest.approx(expect, rel=1e-5)
+
+
+def test_head_entropy_invariant_to_relabelling_heads():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(8, 8, 6)).astype(np.float32)
+    org = make_org(8, 8, 6)
+    p = rng.permutation(6)
+    np.testing.assert_allclose(head_entropy(x[:, :, p], org, 16), head_entropy(x, org, 16)[p], rtol=1e-6)
+    # the network entropy does not depend on how heads are numbered, if the head tree
+    # is relabelled with them
+    org_p = Organization(org.tree_q, org.tree_k, PartitionTree(org.tree_h.labels[:, p]),
+                         org.affinity_q, org.affinity_k, org.affinity_h)
+    assert network_entropy(x[:, :, p], org_p, 10) == pytest.approx(network_entropy(x, org, 10), rel=1e-5)
+
+
+def test_sparsity_l1_over_l2():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 8, 3)).astype(np.float32)
+    org = make_org(8, 8, 3)
+    s = head_sparsity(x, org)
+    assert ((s >= 1 - 1e-6) & (s <= 8 + 1e-6)).all()  # 1 <= l1/l2 <= sqrt(64)
+    const = np.ones((8, 8, 2), np.float32)
+    const[:, :, 1] = 0
+    np.testing.assert_allclose(head_sparsity(const, make_org(8, 8, 2)), [1.0, 0.0], atol=1e-6)
+    # [c, 0] along heads is two head-Haar coefficients of equal size: l1/l2 = sqrt(2)
+    assert network_sparsity(const, make_org(8, 8, 2)) == pytest.approx(np.sqrt(2), abs=1e-6)
+    assert network_sparsity(np.ones((8, 8, 2)), make_org(8, 8, 2)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_coarsest_prefers_large_support_then_coarse_level():
+    idx = coarsest([np.array([4, 4, 2, 2]), np.array([3, 1, 2])],
+                   [np.array([0, 0, 1, 1]), np.array([0, 1, 0])], 4)
+    # supports: (0,0)=12, (1,0)=12, (0,2)=8, (1,2)=8, (2,0)=6 ...
+    assert idx.tolist() == [0, 3, 2, 5]
+    with pytest.raises(ValueError, match="top_k"):
+        coarsest([np.ones(3), np.ones(3)], [np.zeros(3), np.zeros(3)], 10)
+
+
+def test_extreme_heads_and_jaccard():
+    e = np.array([[5.0, 1.0, 3.0, 9.0, 2.0, 7.0, 4.0, 8.0, 6.0, 0.5],
+                  [5.0, 1.2, 3.0, 9.0, 2.0, 7.0, 4.0, 8.0, 6.0, 0.4],
+                  [5.0, 0.1, 3.0, 9.0, 2.0, 7.0, 4.0, 8.0, 6.0, 0.9]])
+    res = extreme_heads(e, fraction=0.1)
+    assert res["k"] == 1
+    assert res["top"].tolist() == [0, 0, 0, 3, 0, 0, 0, 0, 0, 0]
+    assert res["bottom"][9] == 2 and res["bottom"][1] == 1 and res["bottom"].sum() == 3
+    j = jaccard_stability(e, fraction=0.2)
+    np.testing.assert_allclose(np.diag(j), 1.0)
+    np.testing.assert_allclose(j, j.T)
+    assert j[0, 1] == 1.0 and j[0, 2] == 1.0  # bottom-2 sets {9, 1} in every batch
+    with pytest.raises(ValueError, match="fraction"):
+        extreme_heads(e, fraction=0)
+    with pytest.raises(ValueError, match="entropies_by_batch"):
+        extreme_heads(np.zeros(4))

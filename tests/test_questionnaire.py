@@ -1,0 +1,131 @@
+"""The 3-D and 2-D questionnaire (SPEC 3.2, 3.3) on planted structure."""
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from oattn_lib.haar import bihaar, trihaar
+from oattn_lib.questionnaire import Organization, questionnaire2d, questionnaire3d
+from oattn_lib.trees import random_tree
+
+
+def planted_tensor(n_q=48, n_k=40, n_clusters=3, per_cluster=8, noise=0.05, seed=0):
+    """Heads drawn from a few clusters of smooth query-key patterns, all axes permuted."""
+    rng = np.random.default_rng(seed)
+    q = np.linspace(0, 1, n_q)[:, None]
+    k = np.linspace(0, 1, n_k)[None, :]
+    heads, labels = [], []
+    for c in range(n_clusters):
+        fq, fk, ph = rng.uniform(0.5, 2.0), rng.uniform(0.5, 2.0), rng.uniform(0, np.pi)
+        base = np.sin(2 * np.pi * fq * q + ph) * np.cos(2 * np.pi * fk * k) + 2.0 * (c - 1) * q * k
+        for _ in range(per_cluster):
+            heads.append(base * rng.uniform(0.8, 1.2) + noise * rng.normal(size=base.shape))
+            labels.append(c)
+    x = np.stack(heads, axis=2).astype(np.float32)
+    pq, pk, ph = rng.permutation(n_q), rng.permutation(n_k), rng.permutation(len(labels))
+    return x[np.ix_(pq, pk, ph)], np.asarray(labels)[ph]
+
+
+@pytest.fixture(scope="module")
+def planted():
+    x, labels = planted_tensor()
+    return x, labels, questionnaire3d(x)
+
+
+def coarse_ari(tree, labels, n_clusters):
+    """ARI of the coarsest level that has at least as many folders as clusters."""
+    lev = next(lv for lv in range(tree.n_levels) if tree.n_folders(lv) >= n_clusters)
+    return adjusted_rand_score(labels, tree.labels[lev])
+
+
+def test_head_tree_recovers_clusters(planted):
+    x, labels, org = planted
+    assert isinstance(org, Organization)
+    assert coarse_ari(org.tree_h, labels, 3) >= 0.9
+
+
+def test_organized_tensor_is_sparser_than_under_random_trees(planted):
+    x, _, org = planted
+    c = trihaar(x, org.tree_q, org.tree_k, org.tree_h)
+    l1_org = np.abs(c).sum()
+    rng = np.random.default_rng(0)
+    l1_rand = np.mean([np.abs(trihaar(x, *(random_tree(n, rng) for n in x.shape))).sum()
+                       for _ in range(3)])
+    assert l1_rand >= 2 * l1_org, (l1_org, l1_rand)
+
+
+def test_organized_order_is_smooth(planted):
+    # after organizing, neighbouring queries are more alike than in the given order
+    x, _, org = planted
+    xo = org.organize(x)
+    rough = np.abs(np.diff(x, axis=0)).mean() + np.abs(np.diff(x, axis=1)).mean()
+    smooth = np.abs(np.diff(xo, axis=0)).mean() + np.abs(np.diff(xo, axis=1)).mean()
+    assert smooth < 0.5 * rough
+
+
+def test_affinities_are_valid(planted):
+    _, _, org = planted
+    for a, n in ((org.affinity_q, 48), (org.affinity_k, 40), (org.affinity_h, 24)):
+        assert a.shape == (n, n)
+        np.testing.assert_allclose(a, a.T)
+        assert (a >= 0).all() and (a <= 1 + 1e-12).all()
+        np.testing.assert_allclose(np.diag(a), 1.0)
+
+
+def test_deterministic_and_torch_input(planted):
+    x, _, org = planted
+    again = questionnaire3d(torch.from_numpy(x))
+    assert again.tree_q == org.tree_q and again.tree_k == org.tree_k and again.tree_h == org.tree_h
+
+
+def test_head_uses_initial_trees_switch_changes_the_head_step():
+    x, labels = planted_tensor(seed=1)
+    a = questionnaire3d(x, n_iters=2)
+    b = questionnaire3d(x, n_iters=2, head_uses_initial_trees=True)
+    # with one iteration both use the initial trees, so they must agree
+    a1 = questionnaire3d(x, n_iters=1)
+    b1 = questionnaire3d(x, n_iters=1, head_uses_initial_trees=True)
+    np.testing.assert_allclose(a1.affinity_h, b1.affinity_h)
+    assert not np.allclose(a.affinity_h, b.affinity_h)
+
+
+def test_degenerate_tensors_give_finite_trees():
+    rng = np.random.default_rng(0)
+    cases = [np.ones((6, 6, 4), np.float32),                     # all constant
+             rng.normal(size=(5, 7, 1)).astype(np.float32),      # a single head
+             rng.normal(size=(2, 2, 3)).astype(np.float32)]      # two tokens
+    const_head = rng.normal(size=(8, 8, 5)).astype(np.float32)
+    const_head[:, :, 2] = 0.3
+    cases.append(const_head)
+    for x in cases:
+        org = questionnaire3d(x, n_iters=2)
+        for a in (org.affinity_q, org.affinity_k, org.affinity_h):
+            assert np.isfinite(a).all()
+        assert org.tree_h.n == x.shape[2]
+
+
+def test_bad_input_raises():
+    with pytest.raises(ValueError, match="X: expected 3"):
+        questionnaire3d(np.zeros((4, 4)))
+    with pytest.raises(ValueError, match="NaN"):
+        questionnaire3d(np.full((4, 4, 2), np.nan))
+    with pytest.raises(ValueError, match="length 0"):
+        questionnaire3d(np.zeros((4, 0, 2)))
+    with pytest.raises(ValueError, match="n_iters"):
+        questionnaire3d(np.ones((4, 4, 2)), n_iters=0)
+
+
+def test_questionnaire2d_recovers_a_permuted_smooth_head():
+    rng = np.random.default_rng(3)
+    i, j = np.meshgrid(np.linspace(0, 1, 40), np.linspace(0, 1, 32), indexing="ij")
+    head = np.sin(3 * i) * np.cos(4 * j) + i * j
+    pr, pc = rng.permutation(40), rng.permutation(32)
+    m = head[np.ix_(pr, pc)]
+    tr, tc = questionnaire2d(m, n_iters=3)
+    org = m[np.ix_(tr.order, tc.order)]
+    assert np.abs(np.diff(org, axis=0)).mean() < 0.5 * np.abs(np.diff(m, axis=0)).mean()
+    assert np.abs(np.diff(org, axis=1)).mean() < 0.5 * np.abs(np.diff(m, axis=1)).mean()
+    # bi-Haar on the organized trees is sparser than on random trees
+    l1 = np.abs(bihaar(m, tr, tc)).sum()
+    l1_rand = np.abs(bihaar(m, random_tree(40, rng), random_tree(32, rng))).sum()
+    assert l1 < 0.5 * l1_rand
