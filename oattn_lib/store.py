@@ -1,0 +1,118 @@
+"""Labelled artifacts in zarr stores (SPEC 8): atomic writes, checked reads, provenance.
+
+Every store is written to a temporary sibling directory and renamed into place, so a
+crash never leaves a half-written store at the output path that a rerun would trust.
+Reads load every variable eagerly and turn storage faults (a truncated or missing chunk,
+NaN where none may be) into errors that name the store and the variable.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["StoreError", "write_store", "read_store", "provenance_attrs", "file_sha256",
+           "atomic_write_text", "atomic_path"]
+
+
+class StoreError(RuntimeError):
+    """A stored artifact is missing, unreadable or invalid; the message names it."""
+
+
+def atomic_path(path: str | os.PathLike) -> Path:
+    """A fresh temporary sibling of `path` (same directory, so a rename is atomic)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    if path.exists() or path.is_symlink():
+        trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(path, trash)
+        os.replace(tmp, path)
+        shutil.rmtree(trash, ignore_errors=True) if trash.is_dir() else trash.unlink()
+    else:
+        os.replace(tmp, path)
+
+
+def write_store(ds: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Write `ds` as a zarr store at `path`, atomically (temp directory, then rename)."""
+    path = Path(path)
+    tmp = atomic_path(path)
+    try:
+        ds.to_zarr(tmp, mode="w", consolidated=False)
+        _replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: tuple[str, ...] = ()) -> xr.Dataset:
+    """Open a zarr store and load it; errors name the store and the variable at fault.
+
+    `require` lists variables that must be present; `finite` those that must hold no
+    NaN or inf.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise StoreError(f"{path}: store does not exist")
+    try:
+        ds = xr.open_zarr(path, consolidated=False)
+    except Exception as exc:
+        raise StoreError(f"{path}: cannot open as a zarr store ({type(exc).__name__}: {exc}); "
+                         "delete it so the workflow regenerates it") from exc
+    for name in require:
+        if name not in ds.variables:
+            raise StoreError(f"{path}: variable {name!r} is missing (has {sorted(ds.data_vars)})")
+    loaded = {}
+    for name, var in ds.variables.items():
+        try:
+            loaded[name] = var.load()
+        except Exception as exc:
+            raise StoreError(f"{path}: variable {name!r} is unreadable ({type(exc).__name__}: {exc}); "
+                             "the store is corrupt, delete it so the workflow regenerates it") from exc
+    ds = ds.load()
+    for name in finite:
+        values = ds[name].values
+        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+            raise StoreError(f"{path}: variable {name!r} contains NaN or inf")
+    return ds
+
+
+def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, **extra) -> dict:
+    """Store attributes recording what produced an artifact (SPEC 8): JSON strings only."""
+    attrs = {"config": json.dumps(config_slice, sort_keys=True, default=str)}
+    if checkpoint_hash is not None:
+        attrs["checkpoint_sha256"] = checkpoint_hash
+    for key, value in extra.items():
+        attrs[key] = value if isinstance(value, (str, int, float)) else json.dumps(value, default=str)
+    return attrs
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write a text file atomically."""
+    path = Path(path)
+    tmp = atomic_path(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
