@@ -42,6 +42,13 @@ def setup_logging(log_path: str | os.PathLike | None) -> logging.Logger:
         h.setFormatter(fmt)
         root.addHandler(h)
     logging.captureWarnings(True)
+    previous = sys.excepthook
+
+    def log_uncaught(exc_type, exc, tb):
+        log.error("stage failed: %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = log_uncaught
     return log
 
 
@@ -229,79 +236,72 @@ def _pick(n_available: int, n: int, seed: int, what: str) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n_available, size=n, replace=False))
 
 
-def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, outputs: list,
+def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample: int,
             device="auto", config_slice: dict | None = None) -> None:
-    """Extract scores and probabilities of every head for each sample (SPEC 7-8)."""
+    """Extract scores and probabilities of every head for one sample (SPEC 7-8).
+
+    Samples are drawn without replacement with the extraction seed, so sample i is the
+    same input whichever job extracts it.
+    """
     dev = resolve_device(device)
     ex = model["extract"]
-    n, seed = len(outputs), ex.get("seed", 0)
+    n, seed = ex["n_samples"], ex.get("seed", 0)
+    if not 0 <= sample < n:
+        raise ValueError(f"sample: {sample} is outside 0..{n - 1} (extract.n_samples = {n})")
     meta = json.loads(Path(data_meta).read_text())
-    base_attrs = {"model": model["name"], "kind": kind}
+    attrs = {"model": model["name"], "kind": kind, "sample": int(sample)}
+    token_text = None
     if kind == "hf":
-        from .models.hf import load_hf, hf_attention
+        from .models.hf import hf_attention, load_hf
         net, tok = load_hf(model["path"], device=dev)
         max_len = ex.get("max_length", 128)
-        texts = [t for t in meta["test_texts"]
-                 if len(tok(t, add_special_tokens=True)["input_ids"]) >= max_len]
-        chosen = _pick(len(texts), n, seed, f"held-out texts with >= {max_len} tokens")
+        # long enough texts only, so that every sample has exactly max_length tokens
+        texts = [t for t in meta["test_texts"] if len(t) >= 4 * max_len]
+        texts = [t for t in texts if len(tok(t, add_special_tokens=True)["input_ids"]) >= max_len]
+        idx = int(_pick(len(texts), n, seed, f"held-out texts with >= {max_len} tokens")[sample])
+        res = hf_attention(net, tok, [texts[idx]], max_length=max_len)
+        if res["scores"] is None:
+            raise ValueError(f"model {model['path']!r} does not expose pre-softmax scores "
+                             "(no AttentionInterface support); use extract.quantity: probs")
+        scores, probs = res["scores"][0].numpy(), res["probs"][0].numpy()
+        toks, token_text = res["input_ids"][0].numpy(), res["tokens"][0]
         ck_hash = _hf_hash(model["path"])
-        for i, (idx, out) in enumerate(zip(chosen, outputs)):
-            res = hf_attention(net, tok, [texts[idx]], max_length=max_len)
-            if res["scores"] is None:
-                raise ValueError(f"model {model['path']!r} does not expose pre-softmax scores "
-                                 "(no AttentionInterface support); use extract.quantity: probs")
-            attrs = {**base_attrs, "sample": i, "text_index": int(idx)}
-            ds = _attention_dataset(res["scores"][0].numpy(), res["probs"][0].numpy(),
-                                    res["input_ids"][0].numpy(),
-                                    {**attrs, **store.provenance_attrs(config_slice or {}, ck_hash)},
-                                    token_text=res["tokens"][0])
-            store.write_store(ds, out)
-            log.info("sample %d: text %d, %d tokens", i, idx, ds.sizes["query"])
-        return
-    ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    ck_hash = store.file_sha256(checkpoint)
-    arrays = _load_npz(data_npz)
-    if kind == "txl":
-        from .models.txl import TransformerXL, TXLConfig
-        arch = ck["arch"]
-        net = _build("txl", arch, n_token=len(meta["vocab"]))
-        net.load_state_dict(ck["state_dict"])
-        net.to(dev).eval()
-        tgt = arch.get("tgt_len", 64)
-        test = arrays["test"]
-        n_seg = test.size // tgt
-        chosen = _pick(n_seg, n, seed, f"test segments of {tgt} tokens")
-        segs = torch.from_numpy(np.stack([test[j * tgt:(j + 1) * tgt] for j in chosen])).to(dev)
-        with torch.no_grad():
-            res = net(segs, mems=None, return_attention=True)
-        scores, probs = res.scores.cpu().numpy(), res.probs.cpu().numpy()
-        toks = segs.cpu().numpy()
-        texts = [[meta["vocab"][t] for t in row] for row in toks]
-    elif kind == "vit":
-        size = model.get("data", {}).get("image_size", 32)
-        arch = ck["arch"]
-        net = _build("vit", arch, image_size=size)
-        net.load_state_dict(ck["state_dict"])
-        net.to(dev).eval()
-        from .models.vit import vit_attention
-        chosen = _pick(arrays["test_labels"].shape[0], n, seed, "test images")
-        imgs = _vit_images({"test_images": arrays["test_images"][chosen]}, meta, "test", size).to(dev)
-        with torch.no_grad():
-            _, s, p = vit_attention(net, imgs)
-        scores, probs = s.cpu().numpy(), p.cpu().numpy()
-        n_tok = probs.shape[-1]
-        toks = np.tile(np.arange(-1, n_tok - 1), (n, 1))  # -1 = class token, then patch index
-        texts = [None] * n
     else:
-        raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
-    for i, out in enumerate(outputs):
-        attrs = {**base_attrs, "sample": i, "source_index": int(chosen[i])}
-        ds = _attention_dataset(scores[i], probs[i], toks[i],
-                                {**attrs, **store.provenance_attrs(config_slice or {}, ck_hash)},
-                                token_text=texts[i])
-        store.write_store(ds, out)
-        log.info("sample %d: source %d, %d layers x %d heads, %d tokens", i, chosen[i],
-                 ds.sizes["layer"], ds.sizes["head"], ds.sizes["query"])
+        ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        ck_hash = store.file_sha256(checkpoint)
+        arrays = _load_npz(data_npz)
+        if kind == "txl":
+            net = _build("txl", ck["arch"], n_token=len(meta["vocab"]))
+            tgt = ck["arch"].get("tgt_len", 64)
+            test = arrays["test"]
+            idx = int(_pick(test.size // tgt, n, seed, f"test segments of {tgt} tokens")[sample])
+            toks = test[idx * tgt:(idx + 1) * tgt]
+            token_text = [meta["vocab"][t] for t in toks]
+        elif kind == "vit":
+            size = model.get("data", {}).get("image_size", 32)
+            net = _build("vit", ck["arch"], image_size=size)
+            idx = int(_pick(arrays["test_labels"].shape[0], n, seed, "test images")[sample])
+            img = _vit_images({"test_images": arrays["test_images"][idx:idx + 1]}, meta, "test", size)
+            attrs["label"] = int(arrays["test_labels"][idx])
+        else:
+            raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
+        net.load_state_dict(ck["state_dict"])
+        net.to(dev).eval()
+        with torch.no_grad():
+            if kind == "txl":
+                res = net(torch.from_numpy(toks)[None].to(dev), mems=None, return_attention=True)
+                scores, probs = res.scores[0].cpu().numpy(), res.probs[0].cpu().numpy()
+            else:
+                from .models.vit import vit_attention
+                _, s, p = vit_attention(net, img.to(dev))
+                scores, probs = s[0].cpu().numpy(), p[0].cpu().numpy()
+                toks = np.arange(-1, probs.shape[-1] - 1)  # -1 = class token, then patch index
+    attrs["source_index"] = idx
+    ds = _attention_dataset(scores, probs, toks, {**attrs, **store.provenance_attrs(config_slice or {}, ck_hash)},
+                            token_text=token_text)
+    store.write_store(ds, out)
+    log.info("%s sample %d: source %d, %d layers x %d heads, %d tokens", model["name"], sample, idx,
+             ds.sizes["layer"], ds.sizes["head"], ds.sizes["query"])
 
 
 def _hf_hash(path: str) -> str:

@@ -1,0 +1,28 @@
+# oattn: organized attention, reproduced (Fasina et al., arXiv 2506.15541).
+# Loads and validates the config, includes one rule file per stage, defines `all`.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/extract.smk"
+include: "workflow/rules/organize.smk"
+include: "workflow/rules/decompose.smk"
+include: "workflow/rules/entropy.smk"
+include: "workflow/rules/figures.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

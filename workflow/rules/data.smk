@@ -1,0 +1,20 @@
+# Datasets: text splits and vocabularies, images, held-out texts for pretrained models.
+
+
+rule prepare_data:
+    output:
+        npz=f"{R}/{{model}}/data/dataset.npz",
+        meta=f"{R}/{{model}}/data/meta.json",
+    params:
+        kind=lambda w: model_cfg(w)["kind"],
+        data=lambda w: model_cfg(w)["data"],
+        data_root=config["data_root"],
+    log:
+        f"{R}/logs/{{model}}/prepare_data.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/prepare_data.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+    script:
+        "../../scripts/prepare_data.py"

@@ -1,0 +1,23 @@
+# bi-/tri-Haar expansions, random-tree baselines, the figure heads' 2-D organization and
+# paraproduct, and the diffusion map of heads (SPEC 2, 3.3, 5, 6).
+
+
+rule decompose:
+    input:
+        attention=f"{R}/{{model}}/attention/sample{{sample}}.zarr",
+        organized=f"{R}/{{model}}/organized/sample{{sample}}.zarr",
+    output:
+        store=directory(f"{R}/{{model}}/decomposed/sample{{sample}}.zarr"),
+    params:
+        analysis=analysis_params,
+        decompose=config["decompose"],
+    log:
+        f"{R}/logs/{{model}}/decompose_sample{{sample}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/decompose_sample{{sample}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=config["resources"]["analysis_runtime"],
+    script:
+        "../../scripts/decompose.py"

@@ -1,0 +1,39 @@
+# Haar entropies and sparsity of every head and network, all samples of a model (SPEC 4).
+
+
+rule entropy:
+    input:
+        decomposed=decomposed_stores,
+    output:
+        store=directory(f"{R}/{{model}}/entropy.zarr"),
+    params:
+        head_top_k=config["entropy"]["head_top_k"],
+        network_top_k=config["entropy"]["network_top_k"],
+    log:
+        f"{R}/logs/{{model}}/entropy.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/entropy.tsv"
+    threads: 1
+    resources:
+        mem_mb=analysis_mem_mb,
+    script:
+        "../../scripts/entropy.py"
+
+
+rule tables:
+    input:
+        entropy=f"{R}/{{model}}/entropy.zarr",
+    output:
+        table1_csv=f"{R}/{{model}}/tables/table1.csv",
+        table1_md=report(f"{R}/{{model}}/tables/table1.md", caption="../report/table1.rst",
+                         category="Tables", subcategory="{model}"),
+        table2_csv=f"{R}/{{model}}/tables/table2.csv",
+        table2_md=report(f"{R}/{{model}}/tables/table2.md", caption="../report/table2.rst",
+                         category="Tables", subcategory="{model}"),
+    params:
+        fraction=config["entropy"]["fraction"],
+    log:
+        f"{R}/logs/{{model}}/tables.log",
+    threads: 1
+    script:
+        "../../scripts/tables.py"

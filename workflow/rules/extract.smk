@@ -1,0 +1,22 @@
+# Extraction (GPU-capable): scores and probabilities of every head, one zarr store per sample.
+
+
+rule extract:
+    input:
+        npz=f"{R}/{{model}}/data/dataset.npz",
+        meta=f"{R}/{{model}}/data/meta.json",
+        checkpoint=checkpoint_input,
+    output:
+        store=directory(f"{R}/{{model}}/attention/sample{{sample}}.zarr"),
+    params:
+        model=extraction_params,
+        device=config["device"],
+    log:
+        f"{R}/logs/{{model}}/extract_sample{{sample}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/extract_sample{{sample}}.tsv"
+    threads: 1
+    resources:
+        **GPU_RESOURCES,
+    script:
+        "../../scripts/extract.py"

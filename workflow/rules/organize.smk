@@ -1,0 +1,21 @@
+# The 3-D questionnaire per sample: query, key and head trees and affinities (SPEC 3.2).
+
+
+rule organize:
+    input:
+        attention=f"{R}/{{model}}/attention/sample{{sample}}.zarr",
+    output:
+        store=directory(f"{R}/{{model}}/organized/sample{{sample}}.zarr"),
+    params:
+        analysis=analysis_params,
+        organize=config["organize"],
+    log:
+        f"{R}/logs/{{model}}/organize_sample{{sample}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/organize_sample{{sample}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=config["resources"]["analysis_runtime"],
+    script:
+        "../../scripts/organize.py"

@@ -1,0 +1,27 @@
+# Training (GPU-capable): the project's Transformer-XL and torchvision ViT, seeded.
+
+
+rule train:
+    input:
+        npz=f"{R}/{{model}}/data/dataset.npz",
+        meta=f"{R}/{{model}}/data/meta.json",
+    output:
+        checkpoint=f"{R}/{{model}}/model/checkpoint.pt",
+        metrics=report(f"{R}/{{model}}/model/metrics.json", caption="../report/metrics.rst",
+                       category="Training", subcategory="{model}"),
+    params:
+        kind=lambda w: model_cfg(w)["kind"],
+        arch=lambda w: model_cfg(w)["arch"],
+        train=lambda w: model_cfg(w)["train"],
+        data=lambda w: model_cfg(w)["data"],
+        pretrained=lambda w: model_cfg(w)["pretrained"],
+        device=config["device"],
+    log:
+        f"{R}/logs/{{model}}/train.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/train.tsv"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
+    script:
+        "../../scripts/train.py"
