@@ -1,0 +1,253 @@
+"""Paraproduct decomposition of the softmax of an organized head (SPEC 5, Theorem 1).
+
+The head f (N x M, rows = queries) is averaged over the dyadic rectangles of the
+balanced binary trees (SPEC 1.2) of its organized row and column axes:
+E_{j,j'} f = P_j f Q_{j'}^T expanded back to N x M, with P_j, Q_{j'} the row-normalised
+membership matrices of the folders at levels j and j'. The levels of the two trees
+need not match (J_r = ceil(log2 N), J_c = ceil(log2 M) refinements down to single
+entries), and N, M need not be powers of two: nothing is cropped.
+
+With A = exp and g_{j,j'} = exp(E_{j,j'} f), exp(f) telescopes exactly into g_{0,0},
+the one-dimensional differences along each axis and the mixed differences
+g_{j+1,j'+1} - g_{j,j'+1} - g_{j+1,j'} + g_{j,j'}. The paraproduct keeps the
+first-order term of every one-dimensional difference and the terms
+exp(E f) * (D f + Dx f * Dy f) of every mixed one (A' = A'' = exp). Softmax is the
+row normalisation of exp(f) by its exact row sums, a linear map applied to every term.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ._arrays import as_tensor, back
+from .trees import balanced_tree
+
+__all__ = ["Paraproduct", "paraproduct", "telescoping_sum", "block_averages"]
+
+
+@dataclass(frozen=True, eq=False)
+class Paraproduct:
+    """The paraproduct decomposition of softmax(organized head) (SPEC 5).
+
+    organized: f[row_order][:, col_order]; exact: its row softmax; approximation: the
+    paraproduct approximation of the softmax; residual = exact - approximation;
+    relative_residual = ||residual||_F / ||exact||_F; row_order, col_order: the
+    permutations used; n_scales: (J_r, J_c), the number of dyadic refinements used
+    on the row and the column axis.
+    """
+
+    organized: np.ndarray | torch.Tensor
+    exact: np.ndarray | torch.Tensor
+    approximation: np.ndarray | torch.Tensor
+    residual: np.ndarray | torch.Tensor
+    relative_residual: float
+    row_order: np.ndarray
+    col_order: np.ndarray
+    n_scales: tuple[int, int]
+
+
+# -- block averages on the balanced trees ---------------------------------------------
+@lru_cache(maxsize=32)
+def _tree_labels(n: int) -> np.ndarray:
+    """Folder labels (levels, n) of the balanced binary tree of 0..n-1, root first."""
+    return balanced_tree(np.arange(n)).labels
+
+
+def _depth(n: int) -> int:
+    return _tree_labels(n).shape[0] - 1
+
+
+def _averaging(n: int, n_levels: int, like: torch.Tensor):
+    """Stacked row-normalised membership matrices of levels 0..n_levels-1.
+
+    Returns (P, labels, offsets): P is (sum of folder counts, n), the block-average
+    operators of all levels one under the other; labels[l] + offsets[l] is the row of P
+    that holds item i's folder at level l.
+    """
+    lab = np.array(_tree_labels(n)[:n_levels])
+    counts = lab.max(1) + 1
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rows = (lab + offsets[:, None]).ravel()
+    cols = np.tile(np.arange(n), n_levels)
+    p = np.zeros((int(counts.sum()), n))
+    p[rows, cols] = 1.0
+    p /= p.sum(1, keepdims=True)
+    to = dict(dtype=like.dtype, device=like.device)
+    return (torch.as_tensor(p, **to), torch.as_tensor(lab, device=like.device),
+            torch.as_tensor(offsets, device=like.device))
+
+
+class _Scales:
+    """E_{j,j'} f for every j' of one row level j at a time, by batched products."""
+
+    def __init__(self, f: torch.Tensor, jr: int, jc: int):
+        n, m = f.shape
+        p, self.row_lab, self.row_off = _averaging(n, jr + 1, f)
+        q, col_lab, col_off = _averaging(m, jc + 1, f)
+        # (P_stack f) Q_stack^T holds P_j f Q_{j'}^T for every (j, j') as a sub-block
+        self.compact = p @ f @ q.T
+        # gather index expanding column folders back to entries: (jc + 1, m)
+        self.col_idx = col_lab + col_off[:, None]
+
+    def level(self, j: int) -> torch.Tensor:
+        """E_{j,j'} f for j' = 0..J_c, shape (J_c + 1, N, M)."""
+        rows = self.compact[self.row_lab[j] + self.row_off[j]]  # (N, sum of col folders)
+        return rows[:, self.col_idx].permute(1, 0, 2)
+
+
+def _decompose(f: torch.Tensor, jr: int, jc: int, shift: torch.Tensor,
+               want_exact: bool, want_approx: bool):
+    """Exact telescoping sum and paraproduct approximation of exp(f - shift[:, None]).
+
+    Either is None when not asked for.
+
+    Every term exp(E_{j,j'} f) of row i is multiplied by exp(-shift_i), the same
+    factor for every term (never averaged across rows), so both sums are
+    diag(exp(-shift)) times those of exp(f): the decomposition is unchanged, only
+    scaled to avoid overflow.
+    """
+    scales = _Scales(f, jr, jc)
+    s = shift[:, None]
+    e = scales.level(0)                       # E_{0,j'}
+    g = torch.exp(e - s)
+    exact = None
+    if want_exact:
+        exact = g[0].clone()
+        # one-dimensional differences along the columns (j = 0)
+        exact += (g[1:] - g[:-1]).sum(0)
+    approx = None
+    if want_approx:
+        dy = e[1:] - e[:-1]                   # Dy_{j,j'} for every j'
+        approx = g[0].clone()
+        approx += (g[:-1] * dy).sum(0)
+    for j in range(jr):
+        e1 = scales.level(j + 1)              # E_{j+1,j'}
+        g1 = torch.exp(e1 - s)
+        if want_exact:
+            # one-dimensional difference along the rows (j' = 0)
+            exact += g1[0] - g[0]
+            # mixed differences for every j' at once
+            exact += (g1[1:] - g[1:] - g1[:-1] + g[:-1]).sum(0)
+        if want_approx:
+            dx = e1 - e                       # Dx_{j,j'} for every j'
+            approx += g[0] * dx[0]
+            # D + Dx Dy = Dx_{j,j'+1} - Dx_{j,j'} + Dx_{j,j'} Dy_{j,j'}, in fewer passes
+            approx += (g[:-1] * (dx[1:] + dx[:-1] * (dy - 1.0))).sum(0)
+            dy = e1[1:] - e1[:-1]
+        e, g = e1, g1
+    return exact, approx
+
+
+# -- validation -------------------------------------------------------------------------
+def _check_order(order, n: int, name: str) -> np.ndarray:
+    if order is None:
+        return np.arange(n)
+    if isinstance(order, torch.Tensor):
+        order = order.detach().cpu().numpy()
+    arr = np.asarray(order)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise ValueError(f"{name}: expected a permutation of length {n}, got shape {arr.shape}")
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer)
+                                 or (np.issubdtype(arr.dtype, np.floating)
+                                     and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)))):
+        raise ValueError(f"{name}: expected integer indices, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if not np.array_equal(np.sort(arr), np.arange(n)):
+        raise ValueError(f"{name}: not a permutation of 0..{n - 1}")
+    return arr
+
+
+def _check_scales(n_scales, n: int, m: int) -> tuple[int, int]:
+    full = (_depth(n), _depth(m))
+    if n_scales is None:
+        return full
+    pair = tuple(n_scales) if isinstance(n_scales, (tuple, list)) else (n_scales, n_scales)
+    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
+                             for v in pair):
+        raise ValueError("n_scales: expected None, a nonnegative integer or a pair of them, "
+                         f"got {n_scales!r}")
+    return min(int(pair[0]), full[0]), min(int(pair[1]), full[1])
+
+
+# -- public API -------------------------------------------------------------------------
+def block_averages(f, row_level: int, col_level: int):
+    """E_{j,j'} f (SPEC 5): f averaged over the folders of level j of the row tree times
+    level j' of the column tree (balanced binary trees on f's own order), N x M."""
+    x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
+    n, m = x.shape
+    for name, lev, size in (("row_level", row_level, n), ("col_level", col_level, m)):
+        if isinstance(lev, bool) or not isinstance(lev, (int, np.integer)) \
+                or not 0 <= lev <= _depth(size):
+            raise ValueError(f"{name}: expected an integer in 0..{_depth(size)}, got {lev!r}")
+    scales = _Scales(x, int(row_level), int(col_level))
+    return back(scales.level(int(row_level))[int(col_level)], was_numpy)
+
+
+def telescoping_sum(f, n_scales=None):
+    """The exact telescoping reconstruction of exp(f - rowmax(f)) (SPEC 5).
+
+    f is taken as already organized. The sum of g_{0,0}, all one-dimensional and all
+    mixed differences up to scales n_scales = (J_r, J_c) (default: down to single
+    entries) equals exp(E_{J_r,J_c} f - rowmax(f)); with the default it is
+    exp(f - rowmax(f)). The row shift multiplies every term of a row by the same factor.
+    """
+    x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
+    jr, jc = _check_scales(n_scales, *x.shape)
+    exact, _ = _decompose(x, jr, jc, x.amax(1), want_exact=True, want_approx=False)
+    return back(exact, was_numpy)
+
+
+def paraproduct(f, row_order=None, col_order=None, n_scales=None) -> Paraproduct:
+    """Paraproduct approximation of softmax of an organized head (SPEC 5, Theorem 1).
+
+    f: (N, M) head, rows = queries (pre-softmax scores); any N, M >= 1. row_order,
+    col_order: permutations organizing the axes (e.g. from the 2D questionnaire, SPEC
+    3.3); None means identity, i.e. f is already organized. n_scales: None (all scales,
+    down to single entries), an integer, or a (rows, cols) pair limiting the number of
+    dyadic refinements; with fewer scales the residual includes the finer detail.
+
+    The decomposition is done on A = exp, pointwise, where Theorem 1 applies: exact
+    telescoping into g_{0,0} + one-dimensional + mixed differences of
+    g_{j,j'} = exp(E_{j,j'} f); approximation = g_{0,0} + exp(E_{j,0} f)(E_{j+1,0} f -
+    E_{j,0} f) + exp(E_{0,j'} f)(E_{0,j'+1} f - E_{0,j'} f) + sum over (j, j') of
+    exp(E_{j,j'} f)(D f + Dx f * Dy f). For numerical range every term of row i is
+    multiplied by exp(-max_k f[i, k]) (one factor per row, so the decomposition is
+    unchanged up to that row scaling; a shift of f before the block averages would
+    instead change the function being decomposed). Hence the approximation does not
+    change when a constant is added to f, but it does change under a per-row shift of
+    f (coarse block averages mix rows), although softmax(f) does not.
+
+    Softmax approximation: the approximation of exp(f), each row divided by the exact
+    row sum Z_i = sum_k exp(f[i, k]). Reason: softmax(f) = diag(1/Z) exp(f) with Z a
+    fixed per-row number of the exact head, so applying this linear map to every term
+    decomposes softmax(f) itself term by term (the exact terms still telescope to
+    softmax(f)), and the softmax residual is exactly the exp residual with row i
+    divided by Z_i. Renormalising the approximation by its own row sums would be a
+    nonlinear step outside the decomposition, hiding part of the residual in the
+    normaliser (and dividing by a sum that can be near zero or negative). As a
+    consequence the rows of `approximation` need not sum exactly to 1.
+
+    Returns numpy arrays for numpy input and torch tensors on the input's device for
+    torch input, all float64 (computed in float64 whatever the input precision);
+    row_order and col_order are numpy int64 arrays.
+    """
+    x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
+    n, m = x.shape
+    r = _check_order(row_order, n, "row_order")
+    c = _check_order(col_order, m, "col_order")
+    jr, jc = _check_scales(n_scales, n, m)
+    organized = x[torch.as_tensor(r, device=x.device)][:, torch.as_tensor(c, device=x.device)]
+    shift = organized.amax(1)
+    _, approx_exp = _decompose(organized, jr, jc, shift, want_exact=False, want_approx=True)
+    z = torch.exp(organized - shift[:, None]).sum(1, keepdim=True)  # >= 1, never 0
+    exact = torch.softmax(organized, dim=1)
+    approximation = approx_exp / z
+    residual = exact - approximation
+    rel = float(torch.linalg.norm(residual) / torch.linalg.norm(exact))
+    return Paraproduct(organized=back(organized, was_numpy), exact=back(exact, was_numpy),
+                       approximation=back(approximation, was_numpy),
+                       residual=back(residual, was_numpy), relative_residual=rel,
+                       row_order=r, col_order=c, n_scales=(jr, jc))
