@@ -27,8 +27,15 @@ __all__ = ["setup_logging", "resolve_device", "prepare_data", "train_model", "ex
 
 
 # -- plumbing -------------------------------------------------------------------------------
-def setup_logging(log_path: str | os.PathLike | None) -> logging.Logger:
-    """Log to `log_path` (and stderr); uncaught errors are logged before they propagate."""
+def setup_logging(log_path: str | os.PathLike | None, threads: int | None = None) -> logging.Logger:
+    """Log to `log_path` (and stderr); uncaught errors are logged before they propagate.
+
+    `threads` (the rule's) caps torch's intra-op threads, so parallel jobs do not
+    oversubscribe the cores.
+    """
+    if threads:
+        torch.set_num_threads(int(threads))
+        os.environ.setdefault("NUMBA_NUM_THREADS", str(int(threads)))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for h in list(root.handlers):

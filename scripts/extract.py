@@ -1,7 +1,7 @@
 """Snakemake entry: scores and probabilities of every head for one sample."""
 from oattn_lib.pipeline import extract, setup_logging
 
-setup_logging(snakemake.log[0])
+setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 extract(p.model["kind"], p.model, snakemake.input.npz, snakemake.input.meta, snakemake.input.checkpoint or None,
         snakemake.output.store, int(snakemake.wildcards.sample), device=p.device, config_slice=p.model)

@@ -1,7 +1,7 @@
 """Snakemake entry: the 3-D questionnaire on one sample (SPEC 3.2)."""
 from oattn_lib.pipeline import organize, setup_logging
 
-setup_logging(snakemake.log[0])
+setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 organize(snakemake.input.attention, snakemake.output.store, params=p.organize,
          config_slice={**p.analysis, "organize": p.organize}, **p.analysis)

@@ -1,7 +1,7 @@
 """Snakemake entry: the Markdown summary of every model."""
 from oattn_lib.pipeline import setup_logging, summary
 
-setup_logging(snakemake.log[0])
+setup_logging(snakemake.log[0], snakemake.threads)
 i = snakemake.input
 models = snakemake.params.models
 summary({m: i.get(f"metrics_{m}") for m in models},

@@ -1,7 +1,7 @@
 """Snakemake entry: Tables 1 and 2 of one model, as CSV and Markdown."""
 from oattn_lib.pipeline import setup_logging, tables
 
-setup_logging(snakemake.log[0])
+setup_logging(snakemake.log[0], snakemake.threads)
 o = snakemake.output
 tables(snakemake.input.entropy, o.table1_csv, o.table1_md, o.table2_csv, o.table2_md,
        fraction=snakemake.params.fraction, model_name=snakemake.wildcards.model)

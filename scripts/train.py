@@ -1,7 +1,7 @@
 """Snakemake entry: train one model, seeded; checkpoint and metrics."""
 from oattn_lib.pipeline import setup_logging, train_model
 
-setup_logging(snakemake.log[0])
+setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 train_model(p.kind, p.arch, p.train, p.data, snakemake.input.npz, snakemake.input.meta,
             snakemake.output.checkpoint, snakemake.output.metrics, device=p.device, pretrained=p.pretrained)
