@@ -6,3 +6,9 @@ The numerical core follows ../shared/SPEC.md, one module per section: `trees` (1
 zarr storage in `store`; figures in `plots`.
 """
 __version__ = "0.1.0"
+
+import os as _os
+
+# torch and numba bring separate OpenMP runtimes; with the default (active) wait policy
+# their spinning threads starve each other on a busy machine (several times slower EMD).
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

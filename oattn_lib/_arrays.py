@@ -39,10 +39,17 @@ def as_tensor(x, name: str, ndim: int | tuple[int, ...] | None = None,
         raise ValueError(f"{name}: has an axis of length 0 (shape {tuple(t.shape)})")
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
-    if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    if finite and t.is_floating_point() and not _all_finite(t):
         bad = (~torch.isfinite(t)).nonzero()[0].tolist()
         raise ValueError(f"{name}: contains NaN or inf (first at index {tuple(bad)})")
     return t, was_numpy
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    # numpy's check is several times faster than torch's on CPU
+    if t.device.type == "cpu" and t.dtype != torch.bfloat16:
+        return bool(np.isfinite(t.detach().numpy()).all())
+    return bool(torch.isfinite(t).all())
 
 
 def back(t: torch.Tensor, was_numpy: bool):

@@ -1,0 +1,248 @@
+"""Tree EMD (SPEC 3.1): metric properties, the reference definition, the affinity."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.spatial.distance import cdist
+
+from oattn_lib import emd
+from oattn_lib.emd import emd_affinity, pairwise_l1, tree_emd
+from oattn_lib.trees import PartitionTree, random_tree
+
+FAST = settings(max_examples=25, deadline=None)
+
+
+def random_nested_tree(n: int, n_levels: int, rng: np.random.Generator) -> PartitionTree:
+    """Random nested partitions; folders often have a single child (repeated levels)."""
+    levels = [np.zeros(n, dtype=np.int64)]
+    for _ in range(n_levels - 2):
+        prev, lab, nxt = levels[-1], np.empty(n, dtype=np.int64), 0
+        for f in np.unique(prev):
+            items = rng.permutation(np.flatnonzero(prev == f))
+            k = int(rng.integers(1, min(3, items.size) + 1))
+            cuts = np.sort(rng.choice(np.arange(1, items.size), k - 1, replace=False)) if k > 1 else []
+            for part in np.split(items, cuts):
+                lab[part] = nxt
+                nxt += 1
+        levels.append(lab)
+    levels.append(rng.permutation(n))
+    return PartitionTree(np.stack(levels))
+
+
+def reference_tree_emd(X, axis, trees, alpha, beta):
+    """SPEC 3.1 literally: every (level, folder) pair of both trees, duplicates included."""
+    def folders(tree):
+        out = []
+        for lev in range(tree.n_levels):  # root level = 1 in the SPEC
+            for f in range(tree.n_folders(lev)):
+                mem = tree.labels[lev] == f
+                w = (mem.sum() / tree.n) ** beta * 2.0 ** ((1 - (lev + 1)) * alpha)
+                out.append((mem, w))
+        return out
+
+    fa, fb = folders(trees[0]), folders(trees[1])
+    feats = []
+    for s in range(X.shape[axis]):
+        xs = np.take(X, s, axis=axis).astype(np.float64)
+        feats.append([wa * wb * xs[ma][:, mb].mean() for ma, wa in fa for mb, wb in fb])
+    feats = np.array(feats)
+    return np.abs(feats[:, None, :] - feats[None, :, :]).sum(-1)
+
+
+# -- pairwise_l1 --------------------------------------------------------------------------
+@FAST
+@given(m=st.integers(1, 40), d=st.integers(1, 700), seed=st.integers(0, 2**32 - 1))
+def test_pairwise_l1_equals_cityblock(m, d, seed):
+    F = np.random.default_rng(seed).standard_normal((m, d)).astype(np.float32)
+    want = cdist(F.astype(np.float64), F.astype(np.float64), "cityblock")
+    got = pairwise_l1(F)
+    assert got.shape == (m, m)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m,d,strip", [(1, 5, 64), (2, 3, 64), (17, 1000, 64), (33, 257, 128),
+                                       (16, 64, 64), (5, 130, 64)])
+def test_pairwise_l1_strips_accumulate(m, d, strip):
+    """Several feature strips, the last one partial; odd row counts and partial blocks."""
+    F = np.random.default_rng(m * d).standard_normal((m, d)).astype(np.float32)
+    want = cdist(F.astype(np.float64), F.astype(np.float64), "cityblock")
+    np.testing.assert_allclose(emd._pairwise_l1_numba(F, strip=strip), want, rtol=1e-5, atol=1e-4)
+
+
+def test_pairwise_l1_accurate_for_long_features():
+    F = np.random.default_rng(0).random((3, 300_001)).astype(np.float32)
+    F[1] += 1e-3
+    want = cdist(F.astype(np.float64), F.astype(np.float64), "cityblock")
+    np.testing.assert_allclose(pairwise_l1(F), want, rtol=1e-6)
+
+
+@FAST
+@given(m=st.integers(1, 25), d=st.integers(1, 50), seed=st.integers(0, 2**32 - 1))
+def test_pairwise_l1_is_a_metric(m, d, seed):
+    rng = np.random.default_rng(seed)
+    F = rng.standard_normal((m, d)).astype(np.float32)
+    F[rng.integers(m)] = F[0]  # a repeated row
+    D = pairwise_l1(F)
+    assert np.array_equal(D, D.T)
+    assert np.all(np.diag(D) == 0)
+    assert np.all(D >= 0)
+    tol = 1e-5 * (1 + D.max())
+    assert np.all(D[:, None, :] <= D[:, :, None] + D[None, :, :] + tol)  # D[i,k] <= D[i,j] + D[j,k]
+
+
+def test_pairwise_l1_zero_on_identical_rows():
+    F = np.tile(np.random.default_rng(1).standard_normal(301).astype(np.float32), (7, 1))
+    assert np.array_equal(pairwise_l1(F), np.zeros((7, 7)))
+
+
+def test_pairwise_l1_returns_the_input_kind():
+    F = np.random.default_rng(2).standard_normal((9, 70)).astype(np.float32)
+    Dn = pairwise_l1(F)
+    Dt = pairwise_l1(torch.from_numpy(F))
+    assert isinstance(Dn, np.ndarray) and isinstance(Dt, torch.Tensor)
+    np.testing.assert_array_equal(Dn, Dt.numpy())
+
+
+def test_torch_path_matches_cpu_kernel():
+    """The chunked cdist used on accelerators, checked on CPU with small chunks."""
+    F = np.random.default_rng(3).standard_normal((11, 301)).astype(np.float32)
+    got = emd._pairwise_l1_torch(torch.from_numpy(F), row_chunk=4, col_chunk=100).numpy()
+    assert np.array_equal(got, got.T) and np.all(np.diag(got) == 0)
+    np.testing.assert_allclose(got, pairwise_l1(F), rtol=1e-5, atol=1e-4)
+
+
+# -- tree_emd -----------------------------------------------------------------------------
+@FAST
+@given(shape=st.tuples(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5)),
+       axis=st.integers(0, 2), levels=st.tuples(st.integers(2, 5), st.integers(2, 5)),
+       alpha=st.sampled_from([0.0, 0.7, 1.0]), beta=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+       seed=st.integers(0, 2**32 - 1))
+def test_tree_emd_matches_the_definition(shape, axis, levels, alpha, beta, seed):
+    """Distinct folders with summed level weights give the same L1 as all (level, folder)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal(shape).astype(np.float32)
+    rest = [a for a in range(3) if a != axis]
+    trees = tuple(random_nested_tree(shape[a], lv, rng) for a, lv in zip(rest, levels))
+    want = reference_tree_emd(X, axis, trees, alpha, beta)
+    np.testing.assert_allclose(tree_emd(X, axis, trees, alpha, beta), want, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_emd_repeated_levels_example():
+    """A hand-made tree where folders repeat over levels, with alpha and beta both nonzero."""
+    tq = PartitionTree(np.array([[0, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 0, 0, 1, 1],
+                                 [0, 0, 1, 2, 2], [0, 1, 2, 3, 4]]))
+    tk = PartitionTree(np.array([[0, 0, 0], [0, 0, 1], [0, 1, 2]]))
+    X = np.random.default_rng(4).standard_normal((5, 3, 6)).astype(np.float32)
+    for alpha, beta in [(0.5, 1.5), (1.0, 0.0), (0.0, 1.0)]:
+        want = reference_tree_emd(X, 2, (tq, tk), alpha, beta)
+        np.testing.assert_allclose(tree_emd(X, 2, (tq, tk), alpha, beta), want, rtol=1e-5, atol=1e-6)
+
+
+@FAST
+@given(axis=st.integers(0, 2), seed=st.integers(0, 2**32 - 1))
+def test_tree_emd_permuting_slices_permutes_D(axis, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((6, 7, 5)).astype(np.float32)
+    trees = tuple(random_tree(X.shape[a], rng) for a in range(3) if a != axis)
+    perm = rng.permutation(X.shape[axis])
+    D = tree_emd(X, axis, trees, 0.5, 1.0)
+    Dp = tree_emd(np.take(X, perm, axis=axis), axis, trees, 0.5, 1.0)
+    np.testing.assert_allclose(Dp, D[np.ix_(perm, perm)], rtol=1e-6, atol=1e-6)
+
+
+def test_tree_emd_zero_on_identical_slices_and_metric():
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((8, 6, 5)).astype(np.float32)
+    X[:, :, 3] = X[:, :, 1]
+    D = tree_emd(X, 2, (random_tree(8, rng), random_tree(6, rng)))
+    assert D[1, 3] == 0 and D[3, 1] == 0
+    assert np.array_equal(D, D.T) and np.all(np.diag(D) == 0)
+    assert np.all(D[:, None, :] <= D[:, :, None] + D[None, :, :] + 1e-9)
+
+
+def test_tree_emd_torch_in_torch_out():
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    trees = (random_tree(4, rng), random_tree(3, rng))
+    Dt = tree_emd(torch.from_numpy(X), 1, trees)
+    assert isinstance(Dt, torch.Tensor)
+    np.testing.assert_allclose(Dt.numpy(), tree_emd(X, 1, trees), rtol=1e-6)
+
+
+# -- emd_affinity -------------------------------------------------------------------------
+@FAST
+@given(m=st.integers(1, 20), seed=st.integers(0, 2**32 - 1), eps=st.floats(0.1, 10.0))
+def test_affinity_range_and_diagonal(m, seed, eps):
+    F = np.random.default_rng(seed).standard_normal((m, 8)).astype(np.float32)
+    G = emd_affinity(pairwise_l1(F), eps)
+    assert np.all(np.isfinite(G)) and np.all(G > 0) and np.all(G <= 1)
+    assert np.all(np.diag(G) == 1) and np.array_equal(G, G.T)
+
+
+def test_affinity_uses_the_median_of_all_entries():
+    D = np.array([[0.0, 1.0, 4.0], [1.0, 0.0, 2.0], [4.0, 2.0, 0.0]])
+    np.testing.assert_allclose(emd_affinity(D, eps=2.0), np.exp(-D / (2.0 * 1.0)))
+
+
+def test_affinity_degenerate_inputs_are_finite():
+    assert np.array_equal(emd_affinity(np.zeros((4, 4))), np.ones((4, 4)))
+    # most slices identical: median 0, falls back to the mean of the nonzero distances
+    D = np.zeros((4, 4))
+    D[0, 1:] = D[1:, 0] = 3.0
+    G = emd_affinity(D)
+    np.testing.assert_allclose(G, np.exp(-D / 3.0))
+    Gt = emd_affinity(torch.zeros(3, 3))
+    assert isinstance(Gt, torch.Tensor) and bool((Gt == 1).all())
+
+
+# -- validation ---------------------------------------------------------------------------
+def _trees(rng=np.random.default_rng(7)):
+    return random_tree(4, rng), random_tree(5, rng)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(X=np.zeros((4, 5))), "X: expected 3 dimensions"),
+    (dict(axis=3), "axis"),
+    (dict(axis=-1), "axis"),
+    (dict(axis=1.5), "axis"),
+    (dict(axis=True), "axis"),
+    (dict(trees=_trees()[::-1]), r"trees\[0\]: a tree on 5 items for axis 0"),
+    (dict(trees=_trees()[:1]), "trees: expected a pair"),
+    (dict(trees=(_trees()[0], np.zeros((2, 5)))), r"trees\[1\]: expected a PartitionTree"),
+    (dict(X=np.full((4, 5, 3), np.nan)), "X: contains NaN or inf"),
+    (dict(X=np.full((4, 5, 3), np.inf)), "X: contains NaN or inf"),
+    (dict(alpha=np.nan), "alpha"),
+    (dict(beta="x"), "beta"),
+])
+def test_tree_emd_rejects_bad_input(kwargs, match):
+    args = dict(X=np.zeros((4, 5, 3), np.float32), axis=2, trees=_trees(), alpha=0.0, beta=1.0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        tree_emd(**args)
+
+
+@pytest.mark.parametrize("F,match", [
+    (np.zeros(5), "F: expected 2 dimensions"),
+    (np.zeros((0, 5)), "F: has an axis of length 0"),
+    (np.array([[0.0, np.nan]]), "F: contains NaN"),
+])
+def test_pairwise_l1_rejects_bad_input(F, match):
+    with pytest.raises(ValueError, match=match):
+        pairwise_l1(F)
+
+
+@pytest.mark.parametrize("D,eps,match", [
+    (np.zeros((3, 3)), 0.0, "eps: must be positive"),
+    (np.zeros((3, 3)), -1.0, "eps: must be positive"),
+    (np.zeros((3, 3)), np.nan, "eps: must be finite"),
+    (np.zeros((3, 4)), 1.0, "D: expected a square"),
+    (np.zeros(3), 1.0, "D: expected 2 dimensions"),
+    (-np.ones((3, 3)), 1.0, "D: distances must be nonnegative"),
+    (np.full((3, 3), np.inf), 1.0, "D: contains NaN or inf"),
+])
+def test_emd_affinity_rejects_bad_input(D, eps, match):
+    with pytest.raises(ValueError, match=match):
+        emd_affinity(D, eps)
