@@ -43,12 +43,28 @@ def _replace(tmp: Path, path: Path) -> None:
         os.replace(tmp, path)
 
 
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporaries of `path` left by a killed writer are garbage: never renamed, never trusted."""
+    for old in path.parent.glob(f".{path.name}.tmp-*"):
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+
+
 def write_store(ds: xr.Dataset, path: str | os.PathLike) -> Path:
-    """Write `ds` as a zarr store at `path`, atomically (temp directory, then rename)."""
+    """Write `ds` as a zarr store at `path`, atomically (temp directory, then rename).
+
+    The environment variable OATTN_FAULT_PAUSE_WRITE (seconds) pauses between writing the
+    temporary store and renaming it: a window for fault-injection tests to kill a job
+    in the middle of a write.
+    """
     path = Path(path)
+    _remove_stale_temporaries(path)
     tmp = atomic_path(path)
     try:
         ds.to_zarr(tmp, mode="w", consolidated=False)
+        pause = float(os.environ.get("OATTN_FAULT_PAUSE_WRITE", "0") or 0)
+        if pause > 0:
+            import time
+            time.sleep(pause)
         _replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

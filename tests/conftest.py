@@ -12,3 +12,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def clean_run(tmp_path_factory):
+    """One uninterrupted run of the real workflow on the tiny test config (shared)."""
+    from wfutil import TINY, snakemake
+    workdir = tmp_path_factory.mktemp("oattn_workflow")
+    snakemake(workdir, TINY)
+    return workdir

@@ -7,77 +7,20 @@ artifacts and which jobs a dry run plans after changing one parameter.
 from __future__ import annotations
 
 import copy
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+from wfutil import TINY, planned_jobs, snakemake
 
 pytestmark = pytest.mark.workflow
 
-TINY = {
-    "results": "results",
-    "models": [
-        {"name": "txl", "kind": "txl",
-         "data": {"corpus": "stdlib", "min_freq": 5, "max_size": 2000, "seed": 0},
-         "arch": {"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 8, "d_inner": 64,
-                  "tgt_len": 24, "mem_len": 24, "dropout": 0.1, "cutoffs": [500]},
-         "train": {"steps": 200, "batch_size": 16, "lr": 0.005, "warmup": 10, "seed": 0},
-         "extract": {"quantity": "scores", "n_samples": 2, "seed": 0}},
-        {"name": "vit", "kind": "vit",
-         "data": {"dataset": "digits", "image_size": 16, "seed": 0},
-         "arch": {"patch_size": 4, "num_layers": 2, "num_heads": 2, "hidden_dim": 16, "mlp_dim": 32},
-         "train": {"epochs": 4, "batch_size": 32, "lr": 0.003, "seed": 0},
-         "extract": {"quantity": "probs", "n_samples": 2, "seed": 0}},
-        {"name": "lm", "kind": "hf", "path": "minilm", "data": {"corpus": "stdlib", "seed": 0},
-         "extract": {"quantity": "probs", "n_samples": 2, "seed": 0, "max_length": 20}},
-    ],
-    "organize": {"n_iters": 1},
-    "decompose": {"figure_heads": [[0, 0], [-1, -1]], "questionnaire2d_iters": 2, "random_tree_seeds": 1},
-    "entropy": {"head_top_k": 16, "network_top_k": 10, "fraction": 0.25},
-    "figures": {"entropy_samples": 2, "trihaar_samples": 2, "trihaar_top_k": 20},
-}
-
-
-def snakemake(workdir: Path, config: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cfg = workdir / "config.yaml"
-    cfg.write_text(yaml.safe_dump(config))
-    proc = subprocess.run(SNAKEMAKE + ["-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-                                       "--configfile", str(cfg), "--cores", "2", *args],
-                          capture_output=True, text=True, timeout=1800)
-    if check and proc.returncode:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
-    return proc
-
-
-def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """The 'Job stats' table of a dry run, as {rule: count}."""
-    text = proc.stdout + proc.stderr
-    if "Nothing to be done" in text:
-        return {}
-    block = text.split("Job stats:")[-1]
-    jobs = {}
-    for line in block.splitlines()[3:]:
-        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
-        if not m:
-            break
-        if m.group(1) != "total":
-            jobs[m.group(1)] = int(m.group(2))
-    return jobs
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("oattn_workflow")
-    snakemake(workdir, TINY)
-    return workdir
+def run(clean_run):
+    return clean_run
 
 
 def test_every_store_has_named_dims_and_finite_values(run):
@@ -90,6 +33,13 @@ def test_every_store_has_named_dims_and_finite_values(run):
             assert np.isfinite(att["scores"].values).all() and np.isfinite(att["probs"].values).all()
             np.testing.assert_allclose(att["probs"].sum("key").values, 1.0, atol=1e-5)
             assert "config" in att.attrs and len(att.attrs["checkpoint_sha256"]) == 64
+            # stored probs are the softmax of stored scores under the model's mask
+            sc = torch.from_numpy(att["scores"].values)
+            if model == "txl":  # causal, empty memory
+                sc = sc.masked_fill(torch.ones(n_tok, n_tok, dtype=torch.bool).triu(1), float("-inf"))
+            np.testing.assert_allclose(att["probs"].values, torch.softmax(sc, -1).numpy(), atol=1e-5)
+            assert att["layer"].values.tolist() == list(range(n_layer))
+            assert att["head"].values.tolist() == list(range(n_head))
             org = xr.open_zarr(res / model / "organized" / f"sample{i}.zarr", consolidated=False).load()
             assert org["tree_h"].dims == ("level_h", "unit") and org.sizes["unit"] == n_layer * n_head
             assert org["tree_q"].sizes["query"] == n_tok

@@ -16,5 +16,7 @@ rule prepare_data:
     threads: 1
     resources:
         mem_mb=4000,
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/prepare_data.py"

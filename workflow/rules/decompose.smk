@@ -19,5 +19,7 @@ rule decompose:
     resources:
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/decompose.py"

@@ -16,6 +16,8 @@ rule entropy:
     threads: 1
     resources:
         mem_mb=analysis_mem_mb,
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/entropy.py"
 
@@ -35,5 +37,7 @@ rule tables:
     log:
         f"{R}/logs/{{model}}/tables.log",
     threads: 1
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/tables.py"

@@ -18,5 +18,7 @@ rule extract:
     threads: 1
     resources:
         **GPU_RESOURCES,
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/extract.py"

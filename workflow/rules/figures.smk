@@ -17,5 +17,7 @@ rule figures:
     benchmark:
         f"{R}/benchmarks/{{model}}/figures.tsv"
     threads: 1
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/figures.py"

@@ -17,5 +17,7 @@ rule organize:
     resources:
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/organize.py"

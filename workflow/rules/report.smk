@@ -22,5 +22,7 @@ rule summary:
     log:
         f"{R}/logs/summary.log",
     threads: 1
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/summary.py"

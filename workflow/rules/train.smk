@@ -23,5 +23,7 @@ rule train:
     threads: 2
     resources:
         **GPU_RESOURCES,
+    conda:
+        "../../envs/oattn.yaml"
     script:
         "../../scripts/train.py"
