@@ -431,11 +431,14 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     units = _figure_units(figure_heads, n_layer, n_head)
     fig = {k: [] for k in ("original", "organized3d", "organized2d", "exact", "approx", "residual")}
     rel, rel_unorg = [], []
+    # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed
+    logits = network_tensor(ds, "scores", crop)
     for layer, head in units:
         f = _plain(x.sel(layer=layer, head=head))
-        tr, tc = questionnaire2d(f, n_iters=questionnaire2d_iters)
-        pp = paraproduct(f.astype(np.float64), row_order=tr.order, col_order=tc.order)
-        pu = paraproduct(f.astype(np.float64))
+        g = _plain(logits.sel(layer=layer, head=head)).astype(np.float64)
+        tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
+        pp = paraproduct(g, row_order=tr.order, col_order=tc.order)
+        pu = paraproduct(g)
         fig["original"].append(f)
         fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
         fig["organized2d"].append(np.asarray(pp.organized))
@@ -595,7 +598,7 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
         sups.append(sup[by_support])
     bh = haar_basis(org0.tree_h)[0]
     plots.save(plots.fig4_bihaar(coeffs, sups, [names[j] for j in picks],
-                                 bh[org0.tree_h.order][:, :min(6, bh.shape[1])].T), outs["fig4"])
+                                 bh[org0.tree_h.order][:, :min(6, bh.shape[1])]), outs["fig4"])
     ent = store.read_store(entropy_store)
     k = min(entropy_samples, ent.sizes["sample"])
     plots.save(plots.fig5_entropy_heatmaps(ent["head_entropy"].values[:k], [f"sample {s}" for s in range(k)]),
