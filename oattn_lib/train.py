@@ -73,6 +73,17 @@ def _seeded(seed: int, device: torch.device):
             torch.use_deterministic_algorithms(prev_det, warn_only=prev_warn)
 
 
+def _record(history: list, window: list, step: int, steps: int, opt, t0: float, bar, say) -> dict:
+    """Append the mean loss of the steps since the last record to `history`, and report it."""
+    rec = dict(step=step + 1, loss=sum(window) / len(window), lr=opt.param_groups[0]["lr"],
+               elapsed=time.perf_counter() - t0)
+    history.append(rec)
+    window.clear()
+    bar.set_postfix(loss=f"{rec['loss']:.3f}")
+    say(f"step {rec['step']}/{steps} loss {rec['loss']:.4f}")
+    return rec
+
+
 def _check_int(name, v, minimum=1):
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {v!r}")
@@ -205,12 +216,8 @@ def train_txl(model, train_tokens: torch.Tensor, valid_tokens: torch.Tensor, *, 
             window.append(float(out.loss.detach()))
             bar.update(1)
             if (step + 1) % log_every == 0 or step + 1 == steps:
-                rec = dict(step=step + 1, loss=sum(window) / len(window),
-                           lr=opt.param_groups[0]["lr"], elapsed=time.perf_counter() - t0)
-                history.append(rec)
-                window = []
-                bar.set_postfix(loss=f"{rec['loss']:.3f}")
-                say(f"step {rec['step']}/{steps} loss {rec['loss']:.4f} ppl {math.exp(min(rec['loss'], 50)):.2f} lr {rec['lr']:.3g}")
+                rec = _record(history, window, step, steps, opt, t0, bar, say)
+                say(f"  ppl {math.exp(min(rec['loss'], 50)):.2f} lr {rec['lr']:.3g}")
         bar.close()
         valid_ppl = evaluate_txl(model, valid_tokens, eval_batch_size, tgt_len, mem_len, device=device)
     targets = batchify(valid_tokens, eval_batch_size)[:, 1:]
@@ -302,12 +309,7 @@ def train_vit(model, train_images: torch.Tensor, train_labels: torch.Tensor,
             window.append(float(loss.detach()))
             bar.update(1)
             if (step + 1) % log_every == 0 or step + 1 == steps:
-                rec = dict(step=step + 1, loss=sum(window) / len(window),
-                           lr=opt.param_groups[0]["lr"], elapsed=time.perf_counter() - t0)
-                history.append(rec)
-                window = []
-                bar.set_postfix(loss=f"{rec['loss']:.3f}")
-                say(f"step {rec['step']}/{steps} loss {rec['loss']:.4f}")
+                _record(history, window, step, steps, opt, t0, bar, say)
         bar.close()
         acc = evaluate_vit(model, test_images, test_labels, eval_batch_size, device=device)
     say(f"test accuracy {acc:.4f}")
