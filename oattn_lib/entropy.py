@@ -23,21 +23,25 @@ def coarsest(supports: list[np.ndarray], levels: list[np.ndarray], top_k: int) -
     `supports`/`levels` hold one array per axis; the support of a product function is the
     product of the supports, its level the sum of the levels. Ties go to the coarser
     level, then to the lower flat index (SPEC 4).
+
+    Only the first `top_k` functions of each axis (in that axis's own order) can take
+    part: any other one is preceded by at least `top_k` products that differ from it on
+    that axis alone. So the sort runs over at most top_k^d candidates, not the whole tensor.
     """
     shape = tuple(len(s) for s in supports)
     total = int(np.prod(shape))
     if not 1 <= top_k <= total:
         raise ValueError(f"top_k: must be between 1 and the number of coefficients "
                          f"({total} for shape {shape}), got {top_k}")
-    sup = np.ones(shape)
-    lev = np.zeros(shape, dtype=np.int64)
-    for ax, (s, lv) in enumerate(zip(supports, levels)):
-        view = [1] * len(shape)
-        view[ax] = -1
-        sup = sup * np.asarray(s, dtype=float).reshape(view)
-        lev = lev + np.asarray(lv).reshape(view)
-    flat = np.arange(total)
-    return np.lexsort((flat, lev.ravel(), -sup.ravel()))[:top_k]
+    cand, sup, lev = [], np.ones(1), np.zeros(1, dtype=np.int64)
+    for s, lv in zip(supports, levels):
+        s, lv = np.asarray(s, dtype=float), np.asarray(lv, dtype=np.int64)
+        keep = np.lexsort((np.arange(s.size), lv, -s))[:top_k]
+        cand.append(keep)
+        sup = (sup[:, None] * s[keep][None, :]).ravel()
+        lev = (lev[:, None] + lv[keep][None, :]).ravel()
+    flat = np.ravel_multi_index(np.meshgrid(*cand, indexing="ij"), shape).ravel()
+    return flat[np.lexsort((flat, lev, -sup))[:top_k]]
 
 
 def _bases(org, axes):

@@ -228,8 +228,10 @@ def train_txl(model, train_tokens: torch.Tensor, valid_tokens: torch.Tensor, *, 
 
 
 # --------------------------------------------------------------------------- ViT
-def _check_images(name, images, labels=None):
-    if not isinstance(images, torch.Tensor) or images.ndim != 4 or not images.is_floating_point():
+def _check_images(name, images, labels=None, transform=None):
+    # with a per-batch transform the stored images may be in any layout (e.g. uint8 NHWC)
+    if not isinstance(images, torch.Tensor) or images.ndim != 4 or not (
+            transform is not None or images.is_floating_point()):
         raise ValueError(f"{name}: expected a float (n, channel, height, width) tensor, got "
                          f"shape {tuple(getattr(images, 'shape', ()))}")
     if labels is not None:
@@ -240,9 +242,13 @@ def _check_images(name, images, labels=None):
 
 @torch.no_grad()
 def evaluate_vit(model, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 256,
-                 device=None) -> float:
-    """Top-1 accuracy of `model` (eval mode) on images (n, c, h, w) with labels (n,)."""
-    _check_images("images", images, labels)
+                 device=None, transform=None) -> float:
+    """Top-1 accuracy of `model` (eval mode) on images (n, c, h, w) with labels (n,).
+
+    `transform`, if given, turns each stored batch into model input (resizing, say), so a
+    large dataset never exists in memory at model resolution.
+    """
+    _check_images("images", images, labels, transform)
     _check_int("batch_size", batch_size)
     device = next(model.parameters()).device if device is None else torch.device(device)
     was_training = model.training
@@ -250,7 +256,8 @@ def evaluate_vit(model, images: torch.Tensor, labels: torch.Tensor, batch_size: 
     correct = 0
     try:
         for i in range(0, images.shape[0], batch_size):
-            logits = model(images[i: i + batch_size].to(device))
+            x = images[i: i + batch_size]
+            logits = model((transform(x) if transform else x).to(device))
             correct += int((logits.argmax(-1).cpu() == labels[i: i + batch_size].cpu()).sum())
     finally:
         model.train(was_training)
@@ -261,17 +268,18 @@ def train_vit(model, train_images: torch.Tensor, train_labels: torch.Tensor,
               test_images: torch.Tensor, test_labels: torch.Tensor, *, batch_size: int, lr: float,
               epochs: int | None = None, steps: int | None = None, seed: int = 0, device="cpu",
               weight_decay: float = 0.0, clip: float | None = None, eval_batch_size: int = 256,
-              log_every: int = 50, log=None, progress: bool = True) -> dict:
+              log_every: int = 50, log=None, progress: bool = True, transform=None) -> dict:
     """Train (or fine-tune) an image classifier with cross-entropy and report test accuracy.
 
     Give exactly one of `epochs` (full passes over a seeded random permutation) or
-    `steps` (mini-batches, reshuffling at each pass). Adam at constant `lr`. Returns
+    `steps` (mini-batches, reshuffling at each pass). Adam at constant `lr`. `transform`
+    maps each stored batch to model input (see `evaluate_vit`). Returns
     dict(history (step, loss, lr, elapsed), test_accuracy, state_hash).
     """
     if (epochs is None) == (steps is None):
         raise ValueError(f"epochs, steps: give exactly one, got epochs={epochs!r}, steps={steps!r}")
-    _check_images("train_images", train_images, train_labels)
-    _check_images("test_images", test_images, test_labels)
+    _check_images("train_images", train_images, train_labels, transform)
+    _check_images("test_images", test_images, test_labels, transform)
     _check_int("batch_size", batch_size)
     _check_int("log_every", log_every)
     if not lr > 0:
@@ -298,7 +306,8 @@ def train_vit(model, train_images: torch.Tensor, train_labels: torch.Tensor,
             if k == 0:
                 order = torch.randperm(n, generator=gen)
             idx = order[k * batch_size: (k + 1) * batch_size]
-            x = train_images[idx].to(device)
+            x = train_images[idx]
+            x = (transform(x) if transform else x).to(device)
             y = train_labels[idx].to(device)
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
@@ -311,6 +320,7 @@ def train_vit(model, train_images: torch.Tensor, train_labels: torch.Tensor,
             if (step + 1) % log_every == 0 or step + 1 == steps:
                 _record(history, window, step, steps, opt, t0, bar, say)
         bar.close()
-        acc = evaluate_vit(model, test_images, test_labels, eval_batch_size, device=device)
+        acc = evaluate_vit(model, test_images, test_labels, eval_batch_size, device=device,
+                           transform=transform)
     say(f"test accuracy {acc:.4f}")
     return dict(history=history, test_accuracy=acc, state_hash=state_hash(model.state_dict()))

@@ -107,3 +107,23 @@ def test_extreme_heads_and_jaccard():
         extreme_heads(e, fraction=0)
     with pytest.raises(ValueError, match="entropies_by_batch"):
         extreme_heads(np.zeros(4))
+
+
+def test_coarsest_candidate_pruning_equals_a_full_sort():
+    # many ties in support and level: the pruned sort must pick exactly what a full sort picks
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        shape = tuple(rng.integers(1, 9, size=rng.integers(1, 4)))
+        sups = [rng.integers(1, 4, n) for n in shape]
+        levs = [rng.integers(0, 3, n) for n in shape]
+        total = int(np.prod(shape))
+        sup = np.ones(shape)
+        lev = np.zeros(shape, dtype=int)
+        for ax, (s, lv) in enumerate(zip(sups, levs)):
+            view = [1] * len(shape)
+            view[ax] = -1
+            sup = sup * s.reshape(view)
+            lev = lev + lv.reshape(view)
+        full = np.lexsort((np.arange(total), lev.ravel(), -sup.ravel()))
+        for k in {1, total // 2 or 1, total}:
+            assert coarsest(sups, levs, k).tolist() == full[:k].tolist()
