@@ -152,12 +152,23 @@ def prepare_data(kind: str, data: dict, out_npz, out_meta, data_root="resources"
 
 
 # -- models ---------------------------------------------------------------------------------
-def _vit_images(arrays: dict, meta: dict, split: str, size: int) -> torch.Tensor:
-    x = arrays[f"{split}_images"]
+def _vit_split(arrays: dict, meta: dict, split: str, size: int):
+    """Stored images of a split and the per-batch transform to model input (or None).
+
+    CIFAR-10 stays uint8 at 32 px and is resized batch by batch: its 50,000 training images
+    at 224 px would take 30 GB as floats.
+    """
+    x = torch.from_numpy(arrays[f"{split}_images"])
     if meta.get("dataset") == "cifar10":
         from .data.images import cifar10_for_vit
-        return cifar10_for_vit(x, size=size)
-    return torch.from_numpy(x)
+        return x, lambda batch: cifar10_for_vit(batch.numpy(), size=size)
+    return x, None
+
+
+def _vit_images(arrays: dict, meta: dict, split: str, size: int) -> torch.Tensor:
+    """Model input for a (small) set of stored images, e.g. the extracted samples."""
+    x, transform = _vit_split(arrays, meta, split, size)
+    return transform(x) if transform else x
 
 
 def _build(kind: str, arch: dict, n_token: int | None = None, image_size: int = 32, pretrained=False):
@@ -193,11 +204,11 @@ def train_model(kind: str, arch: dict, train: dict, data: dict, data_npz, data_m
     elif kind == "vit":
         size = data.get("image_size", 32)
         model = _build(kind, arch, image_size=size, pretrained=pretrained)
-        res = trainlib.train_vit(model, _vit_images(arrays, meta, "train", size),
-                                 torch.from_numpy(arrays["train_labels"]),
-                                 _vit_images(arrays, meta, "test", size), torch.from_numpy(arrays["test_labels"]),
+        (tr, transform), (te, _) = (_vit_split(arrays, meta, s, size) for s in ("train", "test"))
+        res = trainlib.train_vit(model, tr, torch.from_numpy(arrays["train_labels"]),
+                                 te, torch.from_numpy(arrays["test_labels"]),
                                  epochs=train["epochs"], batch_size=train["batch_size"], lr=train["lr"],
-                                 seed=train.get("seed", 0), device=dev, log=log)
+                                 seed=train.get("seed", 0), device=dev, log=log, transform=transform)
         metrics = {"test_accuracy": res["test_accuracy"]}
         log.info("test accuracy %.4f", res["test_accuracy"])
     else:
