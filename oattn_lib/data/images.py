@@ -159,7 +159,7 @@ def load_cifar10(root: str | os.PathLike, split: str = "train") -> tuple[np.ndar
                 f"CIFAR-10 batch {str(path)!r} does not exist. Provide it with "
                 f"oattn_lib.data.fetch_cifar10({str(root)!r}) (what the workflow's download rule "
                 f"runs), or extract cifar-10-python.tar.gz into {str(root)!r}, or set "
-                f"`data.root` in the config to the directory that holds {_CIFAR_DIR}/")
+                f"`data_root` in the config to the directory that holds {_CIFAR_DIR}/")
         im, lab = _read_batch(path)
         images.append(im)
         labels.append(lab)

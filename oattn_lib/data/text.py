@@ -412,7 +412,7 @@ def _wikitext_missing(path: Path, root: Path) -> FileNotFoundError:
         f"WikiText-103 file {str(path)!r} does not exist. Provide it with "
         f"oattn_lib.data.fetch_wikitext103({str(root)!r}) (what the workflow's download "
         f"rule runs), or unzip wikitext-103-v1.zip so that {str(root)!r} holds "
-        "wikitext-103/wiki.{train,valid,test}.tokens, or set `data.root` in the config to "
+        "wikitext-103/wiki.{train,valid,test}.tokens, or set `data_root` in the config to "
         "the directory that holds wikitext-103/")
 
 
