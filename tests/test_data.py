@@ -278,7 +278,7 @@ def test_load_wikitext_missing_file_names_path(tmp_path):
         load_wikitext(tmp_path)
     msg = str(err.value)
     assert str(base / "wiki.valid.tokens") in msg
-    assert "fetch_wikitext103" in msg and "data.root" in msg
+    assert "fetch_wikitext103" in msg and "data_root" in msg
 
 
 # ----------------------------------------------------------------------- CIFAR-10
