@@ -526,8 +526,8 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
          **{k: ("sample", np.asarray(rows[k])) for k in rows if k.startswith("network")}},
         coords={"sample": np.arange(n_s), "layer": np.arange(n_layer), "head": np.arange(n_head)},
         attrs={"model": first.attrs.get("model", ""),
-               **store.provenance_attrs(config_slice or {}, head_top_k=head_top_k,
-                                        network_top_k=network_top_k)})
+               **store.provenance_attrs(config_slice or {}, first.attrs.get("checkpoint_sha256"),
+                                        head_top_k=head_top_k, network_top_k=network_top_k)})
     store.write_store(out_ds, out)
     log.info("entropy: %d samples, network entropy %s", n_s, np.round(rows["network_entropy"], 3).tolist())
 
