@@ -12,6 +12,7 @@ validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/download.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/extract.smk"
@@ -19,6 +20,8 @@ include: "workflow/rules/organize.smk"
 include: "workflow/rules/decompose.smk"
 include: "workflow/rules/entropy.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/prune.smk"
+include: "workflow/rules/softmax_free.smk"
 include: "workflow/rules/report.smk"
 
 

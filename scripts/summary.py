@@ -4,5 +4,6 @@ from oattn_lib.pipeline import setup_logging, summary
 setup_logging(snakemake.log[0], snakemake.threads)
 i = snakemake.input
 models = snakemake.params.models
-summary({m: i.get(f"metrics_{m}") for m in models},
-        {m: {"Table 1": i[f"table1_{m}"], "Table 2": i[f"table2_{m}"]} for m in models}, snakemake.output.md)
+tables = {m: {f"Table {t}": i[f"table{t}_{m}"] for t in (1, 2, 3, 4) if f"table{t}_{m}" in i.keys()}
+          for m in models}
+summary({m: i.get(f"metrics_{m}") for m in models}, tables, snakemake.output.md)

@@ -96,14 +96,14 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     cfg = copy.deepcopy(TINY)
     cfg["entropy"]["head_top_k"] = 9
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
-    assert jobs == {"entropy": 3, "tables": 3, "figures": 3, "summary": 1, "all": 1}
+    assert jobs == {"entropy": 3, "tables": 3, "figures": 3, "prune": 3, "summary": 1, "all": 1}
 
 
 def test_changing_the_questionnaire_reruns_organize_and_after(run):
     cfg = copy.deepcopy(TINY)
     cfg["organize"]["n_iters"] = 2
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
-    assert jobs == {"organize": 6, "decompose": 6, "entropy": 3, "tables": 3, "figures": 3,
+    assert jobs == {"organize": 6, "decompose": 6, "entropy": 3, "tables": 3, "figures": 3, "prune": 3,
                     "summary": 1, "all": 1}
 
 

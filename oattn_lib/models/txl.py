@@ -22,6 +22,15 @@ sinusoid encoding of a negative distance) rather than the left-over entries of t
 zero-pad shift of the reference implementation; the masked entries never reach the
 softmax, so the model itself is unaffected.
 
+Attention: `attention` = "softmax" (the above) or a Tensor Attention variant
+(`oattn_lib.tensor_attention`; Zhang, "Deep Tensor Network"), which replaces the
+softmax by a normalised T = A (B^T B) A^T in its causal prefix form (row i from positions
+<= i of memory + segment; a "_tril" variant is the paper's non-causal masked form). A
+tensor head uses the content term only, with query q + u: the relative-position term BD
+has no factorisation through K^T K, so order reaches a tensor-attention model through
+causality alone. `r_net` and `r_r_bias` are still created (unused) so that a seed gives
+every attention variant the same initial weights.
+
 Output layer: untied from the input embedding. With `cutoffs` the model uses
 `torch.nn.AdaptiveLogSoftmaxWithLoss` (Grave et al. 2017) and an adaptive input
 embedding with the same clusters; without them a plain linear softmax.
@@ -36,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tensor_attention import TensorAttention, parse_attention
+
 __all__ = ["TXLConfig", "TXLOutput", "TransformerXL", "AdaptiveEmbedding", "causal_mask"]
 
 
@@ -44,6 +55,8 @@ class TXLConfig:
     """Hyperparameters of a Transformer-XL language model.
 
     `d_head` is independent of `d_model` (the attention width is n_head * d_head).
+    `attention`: "softmax" or a tensor-attention variant (`tensor_attention.parse_attention`);
+    tensor heads allow neither attention dropout (`dropatt`) nor `same_length`.
     `cutoffs` empty = plain softmax over the vocabulary; otherwise the adaptive softmax
     and adaptive input clusters [0, c1), [c1, c2), ..., [c_last, n_token), with embedding
     width d_model // div_val**i for cluster i. `clamp_len` > 0 clamps the relative
@@ -66,9 +79,17 @@ class TXLConfig:
     pre_lnorm: bool = False
     clamp_len: int = -1
     same_length: bool = False
+    attention: str = "softmax"
 
     def __post_init__(self):
         object.__setattr__(self, "cutoffs", tuple(int(c) for c in self.cutoffs))
+        if parse_attention(self.attention) is not None:
+            if self.dropatt:
+                raise ValueError(f"dropatt: attention dropout needs the attention matrix, which "
+                                 f"attention={self.attention!r} does not form; expected 0, got {self.dropatt!r}")
+            if self.same_length:
+                raise ValueError(f"same_length: not supported with attention={self.attention!r} "
+                                 "(the prefix sums have no sliding window)")
         for name in ("n_token", "n_layer", "n_head", "d_model", "d_head", "d_inner", "tgt_len", "div_val"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -123,7 +144,10 @@ class TXLOutput(NamedTuple):
     new_mems: (layer, batch, mem, d_model) memory for the next segment, None if mem_len 0.
     scores, probs: (batch, layer, head, query, key) float32 when `return_attention`:
     scores = (AC + BD) / sqrt(d_head) before any mask; probs = the softmax the model
-    used (mask included, masked entries exactly 0, before attention dropout).
+    used (mask included, masked entries exactly 0, before attention dropout). For a
+    tensor-attention model, probs = the normalised T the values are multiplied by (causal
+    mask included) and scores = its raw kernel before normalisation and mask
+    (`tensor_attention` module docstring).
     """
 
     loss: torch.Tensor | None
@@ -203,7 +227,11 @@ class AdaptiveEmbedding(nn.Module):
 
 
 class RelMultiHeadAttention(nn.Module):
-    """Relative positional multi-head attention with u/v biases (Dai et al. 2019, eq. in 3.3)."""
+    """Relative positional multi-head attention with u/v biases (Dai et al. 2019, eq. in 3.3),
+    or, with cfg.attention a tensor variant, causal tensor attention with query q + u.
+
+    The input of `o_net` is (batch, query, head * d_head), head-major, for every variant.
+    """
 
     def __init__(self, cfg: TXLConfig):
         super().__init__()
@@ -218,15 +246,24 @@ class RelMultiHeadAttention(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.dropatt = nn.Dropout(cfg.dropatt)
         self.layer_norm = nn.LayerNorm(d)
+        spec = parse_attention(cfg.attention)
+        self.tensor = None if spec is None else TensorAttention(spec)
 
-    def forward(self, h: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, mem: torch.Tensor | None):
-        """h (B, T, d), r (K+T-1, d) encodings of distances K-1..-(T-1), mask (T, K), mem (B, M, d)."""
+    def forward(self, h: torch.Tensor, r: torch.Tensor, mask: torch.Tensor, mem: torch.Tensor | None,
+                need_weights: bool = True):
+        """h (B, T, d), r (K+T-1, d) encodings of distances K-1..-(T-1), mask (T, K), mem (B, M, d).
+
+        Returns (output, scores, probs); a tensor-attention layer returns None for scores
+        and probs unless `need_weights` (its linear form never forms them).
+        """
         B, T, _ = h.shape
         cat = h if mem is None else torch.cat([mem, h], dim=1)
         K = cat.shape[1]
         x = self.layer_norm(cat) if self.pre_lnorm else cat
         w_heads = self.qkv_net(x)
         q, k, v = w_heads.chunk(3, dim=-1)
+        if self.tensor is not None:
+            return self._tensor_forward(h, q, k, v, need_weights)
         q = q[:, -T:].reshape(B, T, self.n_head, self.d_head)
         k = k.reshape(B, K, self.n_head, self.d_head)
         v = v.reshape(B, K, self.n_head, self.d_head)
@@ -240,6 +277,20 @@ class RelMultiHeadAttention(nn.Module):
         attn = torch.einsum("bhij,bjhd->bihd", self.dropatt(probs), v).reshape(B, T, -1)
         out = self.drop(self.o_net(attn))
         out = h + out if self.pre_lnorm else self.layer_norm(h + out)
+        return out, scores, probs
+
+    def _tensor_forward(self, h, q, k, v, need_weights):
+        # every position of memory + segment has a query: the prefix sums run over all K
+        # positions and the segment's T rows are kept (row i sees positions <= M + i)
+        B, T, _ = h.shape
+        q, k, v = (t.reshape(B, -1, self.n_head, self.d_head).transpose(1, 2) for t in (q, k, v))
+        out, scores, probs = self.tensor(q + self.r_w_bias[:, None], k, v, causal=True,
+                                         need_weights=need_weights)
+        attn = out[:, :, -T:].transpose(1, 2).reshape(B, T, -1)
+        out = self.drop(self.o_net(attn))
+        out = h + out if self.pre_lnorm else self.layer_norm(h + out)
+        if scores is not None:
+            scores, probs = scores[:, :, -T:], probs[:, :, -T:]
         return out, scores, probs
 
 
@@ -264,8 +315,8 @@ class DecoderLayer(nn.Module):
         self.attn = RelMultiHeadAttention(cfg)
         self.ff = PositionwiseFF(cfg)
 
-    def forward(self, h, r, mask, mem):
-        out, scores, probs = self.attn(h, r, mask, mem)
+    def forward(self, h, r, mask, mem, need_weights: bool = True):
+        out, scores, probs = self.attn(h, r, mask, mem, need_weights=need_weights)
         return self.ff(out), scores, probs
 
 
@@ -347,7 +398,8 @@ class TransformerXL(nn.Module):
         layer_inputs, all_scores, all_probs = [], [], []
         for i, layer in enumerate(self.layers):
             layer_inputs.append(h)
-            h, scores, probs = layer(h, r, mask, None if mems is None else mems[i])
+            h, scores, probs = layer(h, r, mask, None if mems is None else mems[i],
+                                     need_weights=return_attention)
             if return_attention:
                 all_scores.append(scores.detach().float())
                 all_probs.append(probs.detach().float())

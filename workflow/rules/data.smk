@@ -2,6 +2,8 @@
 
 
 rule prepare_data:
+    input:
+        dataset_files,
     output:
         npz=f"{R}/{{model}}/data/dataset.npz",
         meta=f"{R}/{{model}}/data/meta.json",

@@ -9,6 +9,9 @@ def summary_inputs(wildcards):
             inputs[f"metrics_{name}"] = f"{R}/{name}/model/metrics.json"
         inputs[f"table1_{name}"] = f"{R}/{name}/tables/table1.md"
         inputs[f"table2_{name}"] = f"{R}/{name}/tables/table2.md"
+        if config["prune"]["enabled"]:
+            inputs[f"table3_{name}"] = f"{R}/{name}/tables/table3.md"
+            inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"
     return inputs
 
 

@@ -5,6 +5,7 @@ rule train:
     input:
         npz=f"{R}/{{model}}/data/dataset.npz",
         meta=f"{R}/{{model}}/data/meta.json",
+        weights=pretrained_weights,
     output:
         checkpoint=f"{R}/{{model}}/model/checkpoint.pt",
         metrics=report(f"{R}/{{model}}/model/metrics.json", caption="../report/metrics.rst",

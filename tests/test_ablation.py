@@ -1,0 +1,467 @@
+"""Head ablation (issue 6): head masking on the three model kinds, gradient importance, the
+rankings' summaries, the held-out sets, and the prune stage end to end on a tiny network."""
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import xarray as xr
+
+from oattn_lib import ablation as ab
+from oattn_lib.models.txl import TransformerXL, TXLConfig
+from oattn_lib.models.vit import build_vit, recompute_attention, vit_attention
+
+KINDS = ["txl", "txl_softmax", "vit", "hf"]
+
+
+# -- tiny models --------------------------------------------------------------------------
+def _txl(cutoffs=(20,), dtype=torch.float32):
+    cfg = TXLConfig(n_token=40, n_layer=2, n_head=3, d_model=12, d_head=4, d_inner=24, dropout=0.0,
+                    tgt_len=8, mem_len=8, cutoffs=cutoffs)
+    model = TransformerXL(cfg, seed=0)
+    with torch.no_grad():  # weights large enough that heads matter
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.mul_(10.0)
+    return model.to(dtype).eval()
+
+
+def _bert(dtype=torch.float32):
+    from transformers import BertConfig, BertModel
+    from oattn_lib.models.hf import register_recording_attention
+    torch.manual_seed(0)
+    cfg = BertConfig(attn_implementation=register_recording_attention(), vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=24, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    model = BertModel(cfg, add_pooling_layer=False)
+    return model.to(dtype).eval()
+
+
+def _setup(kind, dtype=torch.float32):
+    """(model, layout kind, inputs, targets) of a tiny network of `kind`."""
+    g = torch.Generator().manual_seed(1)
+    if kind in ("txl", "txl_softmax"):
+        model = _txl(cutoffs=(20,) if kind == "txl" else (), dtype=dtype)
+        return model, "txl", torch.randint(0, 40, (3, 9), generator=g), None
+    if kind == "vit":
+        model = build_vit(image_size=8, patch_size=4, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=16,
+                          seed=0)
+        with torch.no_grad():  # torchvision zero-initialises the classifier
+            model.heads.head.weight.copy_(torch.randn(model.heads.head.weight.shape, generator=g))
+        model = model.to(dtype).eval()
+        return model, "vit", torch.randn(3, 3, 8, 8, generator=g, dtype=dtype), torch.tensor([1, 4, 7])
+    model = _bert(dtype)
+    return model, "hf", torch.randint(1, 30, (3, 7), generator=g), torch.randn(3, 16, generator=g, dtype=dtype)
+
+
+def _plain(model, kind, x):
+    """The model's output without any gate machinery."""
+    with torch.no_grad():
+        if kind == "txl":
+            return model(x[:, :-1], x[:, 1:], return_logits=True).logits
+        if kind == "vit":
+            return model(x)
+        return model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state
+
+
+def _gated(model, layout, kind, x, gates):
+    with torch.no_grad(), ab.head_gates(model, layout, gates):
+        return _plain(model, kind, x)
+
+
+def _attention(model, layout, kind, x, gates):
+    """(batch, layer, head, query, key) attention probabilities under `gates`."""
+    with torch.no_grad(), ab.head_gates(model, layout, gates):
+        if kind == "txl":
+            return model(x[:, :-1], return_attention=True).probs
+        if kind == "vit":
+            return vit_attention(model, x)[2]
+        from oattn_lib.models.hf import record_attention
+        with record_attention() as rec:
+            model(input_ids=x, attention_mask=torch.ones_like(x))
+        return torch.stack(rec.probs, 1)
+
+
+def _block_io(model, layout, kind, x, gates, layer):
+    """Input of the out-projection (batch, token, head * d_head) and the attention block's output
+    (out-projection output) at `layer`, with `gates`."""
+    got = {}
+    with torch.no_grad(), ab.head_gates(model, layout, gates):
+        if kind == "vit":
+            mha = layout.modules[layer]
+            h = mha.register_forward_hook(lambda m, a, o: got.update(inp=a[0], out=o[0]))
+        else:
+            proj = layout.modules[layer] if kind == "txl" else model.encoder.layer[layer].attention.output.dense
+            h = proj.register_forward_hook(lambda m, a, o: got.update(inp=a[0], out=o))
+        try:
+            _plain(model, kind, x)
+        finally:
+            h.remove()
+    if kind == "vit":  # the heads' outputs, recomputed from the block's input
+        _, p, v = recompute_attention(mha, got["inp"])
+        B, H, N, dh = v.shape
+        got["inp"] = (p @ v).transpose(1, 2).reshape(B, N, H * dh)
+    return got["inp"], got["out"]
+
+
+def _out_weight(model, layout, kind, layer):
+    if kind == "vit":
+        return layout.modules[layer].out_proj.weight
+    if kind == "txl":
+        return layout.modules[layer].weight
+    return model.encoder.layer[layer].attention.output.dense.weight
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def tiny(request):
+    model, kind, x, t = _setup(request.param)
+    return model, kind, ab.head_layout(model, kind), x, t
+
+
+# -- masking ------------------------------------------------------------------------------
+def test_layout_shapes(tiny):
+    model, kind, layout, _, _ = tiny
+    assert layout.shape == {"txl": (2, 3), "vit": (2, 2), "hf": (2, 4)}[kind]
+
+
+def test_masking_nothing_reproduces_the_model_exactly(tiny):
+    model, kind, layout, x, _ = tiny
+    ref = _plain(model, kind, x)
+    ones = torch.ones((x.shape[0], *layout.shape))
+    assert torch.equal(_gated(model, layout, kind, x, ones), ref)
+    assert torch.equal(_gated(model, layout, kind, x, ones[0]), ref)  # one mask for the batch
+    assert torch.equal(_gated(model, layout, kind, x, None), ref)
+    assert torch.equal(_plain(model, kind, x), ref)  # the hooks are gone after the block
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_masking_a_head_changes_outputs_only_through_that_head(tiny, layer):
+    model, kind, layout, x, _ = tiny
+    L, H = layout.shape
+    head = H - 1
+    gates = torch.ones(L, H)
+    gates[layer, head] = 0
+    p0, p1 = _attention(model, layout, kind, x, None), _attention(model, layout, kind, x, gates)
+    # every head of this and earlier layers attends exactly as before (later layers see a new input)
+    assert torch.equal(p1[:, :layer + 1], p0[:, :layer + 1])
+    inp0, out0 = _block_io(model, layout, kind, x, None, layer)
+    inp1, out1 = _block_io(model, layout, kind, x, gates, layer)
+    dh = inp0.shape[-1] // H
+    sl = slice(head * dh, (head + 1) * dh)
+    # the block's output loses exactly that head's contribution W_o[:, h] o_h
+    contrib = inp0[..., sl] @ _out_weight(model, layout, kind, layer)[:, sl].T
+    torch.testing.assert_close(out1, out0 - contrib, atol=1e-5, rtol=1e-5)
+    assert (contrib.abs() > 1e-4).any()
+    # and the model's output does change
+    assert not torch.allclose(_gated(model, layout, kind, x, gates), _plain(model, kind, x))
+
+
+def test_masking_a_whole_layer_leaves_the_residual_path(tiny):
+    model, kind, layout, x, _ = tiny
+    L, H = layout.shape
+    layer = 0
+    gates = torch.ones(L, H)
+    gates[layer] = 0
+    # reference: the attention block's output replaced by its out-projection bias
+    if kind == "vit":
+        mha = layout.modules[layer]
+        h = mha.register_forward_hook(lambda m, a, o: (m.out_proj.bias.expand_as(o[0]), None))
+    else:
+        proj = layout.modules[layer] if kind == "txl" else model.encoder.layer[layer].attention.output.dense
+        h = proj.register_forward_hook(
+            lambda m, a, o: torch.zeros_like(o) if m.bias is None else m.bias.expand_as(o))
+    try:
+        ref = _plain(model, kind, x)
+    finally:
+        h.remove()
+    got = _gated(model, layout, kind, x, gates)
+    if kind == "vit":  # the correction cancels the fused computation up to rounding
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    else:
+        assert torch.equal(got, ref)
+
+
+def test_per_row_gates_mask_each_row_on_its_own(tiny):
+    model, kind, layout, x, _ = tiny
+    L, H = layout.shape
+    gates = torch.ones(x.shape[0], L, H)
+    gates[1, 0, 0] = 0
+    gates[2] = 0
+    batched = _gated(model, layout, kind, x, gates)
+    for i in range(x.shape[0]):
+        one = _gated(model, layout, kind, x[i:i + 1], gates[i])
+        torch.testing.assert_close(batched[i:i + 1], one, atol=1e-5, rtol=1e-5)
+
+
+def test_gates_are_validated(tiny):
+    model, kind, layout, x, _ = tiny
+    with pytest.raises(ValueError, match="gates"):
+        with ab.head_gates(model, layout, torch.ones(5, 7)):
+            pass
+
+
+def test_head_layout_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="kind"):
+        ab.head_layout(torch.nn.Linear(2, 2), "lstm")
+
+
+# -- gradient importance ------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_equals_finite_differences(kind):
+    model, k, x, t = _setup(kind, dtype=torch.float64)
+    layout = ab.head_layout(model, k)
+    data = ab.HeldOut(x, t)
+    grad = ab.gate_gradients(model, layout, data, batch_size=2)  # two chunks
+    assert grad.shape == (x.shape[0], *layout.shape)
+
+    def losses(g):
+        with torch.no_grad():
+            out = ab.row_outputs(model, layout, x, g)
+            return ab._row_loss(k, out, t)
+
+    eps = 1e-6
+    fd = torch.zeros_like(grad)
+    for l in range(layout.n_layer):
+        for h in range(layout.n_head):
+            up = torch.ones((x.shape[0], *layout.shape), dtype=torch.float64)
+            dn = up.clone()
+            up[:, l, h] += eps
+            dn[:, l, h] -= eps
+            fd[:, l, h] = (losses(up) - losses(dn)) / (2 * eps)
+    torch.testing.assert_close(grad.double(), fd, atol=1e-6, rtol=1e-4)
+    assert fd.abs().max() > 1e-4
+    if k != "hf":  # Michel et al.'s importance: E_x |dL/dxi|
+        np.testing.assert_allclose(ab.gradient_importance(model, layout, data), fd.abs().numpy(), atol=1e-6, rtol=1e-4)
+
+
+def test_hf_gradient_importance_is_the_mean_projected_gradient():
+    model, k, x, _ = _setup("hf", dtype=torch.float64)
+    layout = ab.head_layout(model, k)
+    imp = ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=5)
+    assert imp.shape == (x.shape[0], *layout.shape) and (imp >= 0).all()
+    np.testing.assert_array_equal(imp, ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=5))
+    assert not np.allclose(imp, ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=6))
+
+
+def test_normalize_per_layer():
+    x = np.array([[[3.0, 4.0], [0.0, 0.0]]])
+    np.testing.assert_allclose(ab.normalize_per_layer(x), [[[0.6, 0.8], [0.0, 0.0]]])
+
+
+# -- attention rankings, orders, masks, summaries ------------------------------------------
+def test_attention_entropy_and_confidence():
+    K = 5
+    uniform = np.full((2, K), 1 / K)
+    onehot = np.eye(K)[:2]
+    np.testing.assert_allclose(ab.attention_entropy(uniform), np.log(K))
+    np.testing.assert_allclose(ab.attention_entropy(onehot), 0.0, atol=1e-12)
+    np.testing.assert_allclose(ab.attention_confidence(onehot), 1.0)
+    np.testing.assert_allclose(ab.attention_confidence(uniform), 1 / K)
+    causal = np.tril(np.ones((4, 4))) / np.arange(1, 5)[:, None]  # masked keys are exact zeros
+    np.testing.assert_allclose(ab.attention_entropy(causal), np.log(np.arange(1, 5)).mean())
+
+
+def test_orders_and_masks():
+    assert ab.lowest_first([[3.0, 1.0], [2.0, 1.0]]).tolist() == [1, 3, 2, 0]  # ties by index
+    np.testing.assert_array_equal(ab.mask_counts(16, 0.1), [0, 2, 3, 5, 6, 8, 10, 11, 13, 14, 16])
+    np.testing.assert_array_equal(ab.mask_counts(4, 0.1), [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(ab.mask_counts(10, 0.3), [0, 3, 6, 9, 10])
+    g = ab.masks_from_order([2, 0, 1, 3], [0, 1, 3, 4], (2, 2))
+    assert g.shape == (4, 2, 2)
+    np.testing.assert_array_equal(g.reshape(4, -1), [[1, 1, 1, 1], [1, 1, 0, 1], [0, 0, 0, 1], [0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="order"):
+        ab.masks_from_order([0, 0, 1, 2], [1], (2, 2))
+    a, b = ab.random_order(50, 0), ab.random_order(50, 1)
+    assert sorted(a) == list(range(50)) and not np.array_equal(a, b)
+    np.testing.assert_array_equal(a, ab.random_order(50, 0))
+
+
+def test_auc_and_tolerated_fraction():
+    f = np.linspace(0, 1, 11)
+    assert ab.auc(f, 1 - f) == pytest.approx(0.5)
+    y = np.array([1.0, 0.995, 0.99, 0.95, 0.991, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0])
+    # the first fraction losing more than 1% ends the run, even if a later one recovers
+    assert ab.tolerated_fraction(f, y, 1.0, True, 0.01) == pytest.approx(0.2)
+    ppl = np.array([10.0, 10.05, 10.2, 11.0])
+    assert ab.tolerated_fraction([0, 0.1, 0.2, 0.3], ppl, 10.0, False, 0.01) == pytest.approx(0.1)
+    assert ab.tolerated_fraction([0, 0.5, 1], np.ones((2, 3)), 1.0, True) .tolist() == [1.0, 1.0]
+
+
+def test_stability_of_identical_and_reversed_rankings():
+    s = np.arange(20.0)
+    st = ab.stability(np.stack([s, s, s]), 0.1)
+    assert st["spearman_mean"] == pytest.approx(1) and st["jaccard_mean"] == pytest.approx(1)
+    st = ab.stability(np.stack([s, s[::-1]]), 0.1)
+    assert st["spearman_min"] == pytest.approx(-1) and st["jaccard_mean"] == 0
+
+
+# -- held-out data is disjoint from the rankings' samples ----------------------------------
+def test_txl_held_out_shares_no_token_with_the_ranking_windows():
+    T, test = 8, np.arange(8 * 30 + 1)
+    used = np.array([3, 10, 29])
+    data, picked = ab._txl_held_out(test, T, used, 100, np.random.default_rng(0))
+    assert len(data) == len(picked) == 30 - 8  # 3 used and their neighbours (29 has one) are left out
+    ranking = {int(t) for i in used for t in test[i * T:(i + 1) * T + 1] if i * T + T < test.size}
+    held = set(data.inputs.reshape(-1).tolist())
+    assert not ranking & held
+    assert data.inputs.shape[1] == T + 1
+
+
+def test_vit_held_out_excludes_the_extracted_images():
+    arrays = {"test_images": np.random.default_rng(0).random((20, 3, 8, 8)).astype(np.float32),
+              "test_labels": np.arange(20) % 10}
+    data, picked = ab._vit_held_out(arrays, {"dataset": "digits"}, 8, np.array([1, 5, 7]), 100,
+                                    np.random.default_rng(0))
+    assert set(picked.tolist()) == set(range(20)) - {1, 5, 7}
+    np.testing.assert_array_equal(data.targets.numpy(), arrays["test_labels"][picked])
+
+
+def test_hf_held_out_windows_avoid_the_extracted_texts():
+    from transformers import AutoTokenizer
+    from oattn_lib.models.hf import minilm_path
+    tok = AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
+    texts = [" ".join(f"text{i} word{j}" for j in range(60)) for i in range(5)]
+    max_len = 16
+    extracted = [tok(texts[i], truncation=True, max_length=max_len)["input_ids"] for i in (1, 3)]
+    ids, sources, used = ab._hf_held_out(tok, texts, np.array(extracted), max_len, 1000, np.random.default_rng(0))
+    assert used == [1, 3] and set(sources) == {0, 2, 4}
+    assert ids.shape[1] == max_len
+    assert (ids[:, 0] == tok.cls_token_id).all() and (ids[:, -1] == tok.sep_token_id).all()
+    words = {w for i in (1, 3) for w in tok(texts[i], add_special_tokens=False)["input_ids"]} - \
+            {w for i in (0, 2, 4) for w in tok(texts[i], add_special_tokens=False)["input_ids"]}
+    assert not words & set(ids.reshape(-1).tolist())
+    with pytest.raises(ValueError, match="extracted samples"):
+        ab._hf_held_out(tok, texts[:1], np.array(extracted), max_len, 10, np.random.default_rng(0))
+
+
+# -- the batched evaluation and the stage ---------------------------------------------------
+@pytest.mark.parametrize("kind", ["txl", "vit", "hf"])
+def test_curve_at_zero_equals_the_unmasked_metric(kind):
+    from oattn_lib.train import evaluate_vit
+    model, k, x, t = _setup(kind)
+    layout = ab.head_layout(model, k)
+    if k == "vit":  # enough images for the accuracy to move
+        g = torch.Generator().manual_seed(2)
+        x, t = torch.randn(40, 3, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
+    if k == "hf":
+        t = ab.reference_embeddings(model, layout, x)
+    data = ab.HeldOut(x, t)
+    L, H = layout.shape
+    gates = np.ones((3, L, H), dtype=np.float32)
+    gates[1, 0, 0] = 0
+    gates[2] = 0
+    got = ab.evaluate_masks(model, layout, data, torch.from_numpy(gates), batch_size=4)
+    with torch.no_grad():
+        if k == "txl":
+            ref = float(np.exp(np.mean([float(model(x[i:i + 1, :-1], x[i:i + 1, 1:]).loss)
+                                        for i in range(x.shape[0])])))
+        elif k == "vit":
+            ref = evaluate_vit(model, x, t)
+        else:
+            ref = 1.0
+    assert got[0] == pytest.approx(ref, rel=1e-6)
+    assert got[2] != ref and got[1] != ref
+    # batching does not change the metric
+    np.testing.assert_allclose(got, ab.evaluate_masks(model, layout, data, torch.from_numpy(gates), batch_size=1),
+                               rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    """The prune stage on a tiny Transformer-XL: real extraction, synthetic Haar entropies."""
+    from oattn_lib import pipeline, store
+    d = tmp_path_factory.mktemp("prune")
+    rng = np.random.default_rng(0)
+    test = rng.integers(0, 40, 8 * 40 + 1)
+    np.savez(d / "dataset.npz", train=test, valid=test, test=test)
+    (d / "meta.json").write_text(json.dumps({"kind": "txl", "vocab": [f"w{i}" for i in range(40)]}))
+    model = _txl()
+    arch = {k: v for k, v in model.config.to_dict().items() if k != "n_token"}
+    torch.save({"kind": "txl", "arch": arch, "state_dict": model.state_dict()}, d / "checkpoint.pt")
+    cfg = {"name": "tiny", "kind": "txl", "arch": arch, "extract": {"n_samples": 3, "seed": 0}}
+    stores = []
+    for i in range(3):
+        stores.append(d / f"sample{i}.zarr")
+        pipeline.extract("txl", cfg, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt", stores[-1], i,
+                         device="cpu")
+    ent = xr.Dataset({"head_entropy": (("sample", "layer", "head"), rng.random((3, 2, 3)))},
+                     coords={"sample": np.arange(3), "layer": np.arange(2), "head": np.arange(3)})
+    store.write_store(ent, d / "entropy.zarr")
+    outs = {k: d / f"{k}.{ext}" for k, ext in (("curves", "csv"), ("rankings", "csv"), ("finding", "rst"),
+                                               ("fig7", "png"), ("table3_csv", "csv"), ("table3_md", "md"),
+                                               ("table4_csv", "csv"), ("table4_md", "md"))}
+    ab.prune("txl", cfg, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt", stores, d / "entropy.zarr",
+             outs, random_seeds=3, held_out={"txl_segments": 6}, batch_size=8, device="cpu")
+    return d, outs, model, test, stores
+
+
+def test_stage_writes_every_output(stage):
+    d, outs, *_ = stage
+    for p in outs.values():
+        assert p.is_file() and p.stat().st_size > 0
+    t3 = pd.read_csv(outs["table3_csv"])
+    assert list(t3["ranking"]) == list(ab.RANKINGS)
+    t4 = pd.read_csv(outs["table4_csv"])
+    assert list(t4["ranking"]) == list(ab.RANKINGS)
+    assert ((t4["spearman_mean"] <= 1) & (t4["spearman_mean"] >= -1)).all()
+    finding = outs["finding"].read_text()
+    assert "Haar entropy" in finding and ("predicts" in finding)
+    assert finding.splitlines()[0] in outs["table3_md"].read_text() or "predict" in outs["table3_md"].read_text()
+
+
+def test_stage_curves_start_at_the_unmasked_metric_and_random_seeds_differ(stage):
+    d, outs, model, test, stores = stage
+    curves = pd.read_csv(outs["curves"])
+    assert set(curves["ranking"]) == set(ab.RANKINGS)
+    at0 = curves[curves["k"] == 0]["perplexity"].to_numpy()
+    # the held-out segments, as logged: recompute the unmasked perplexity with the plain model
+    used = [int(xr.open_zarr(s, consolidated=False).attrs["source_index"]) for s in stores]
+    data, picked = ab._txl_held_out(test, 8, np.array(used), 6, np.random.default_rng(0))
+    with torch.no_grad():
+        nll = [float(model(data.inputs[i:i + 1, :-1], data.inputs[i:i + 1, 1:]).loss) for i in range(len(data))]
+    np.testing.assert_allclose(at0, np.exp(np.mean(nll)), rtol=1e-6)
+    assert not set(picked.tolist()) & {u + o for u in used for o in (-1, 0, 1)}
+    rnd = curves[curves["ranking"] == ab.RANDOM].pivot(index="order", columns="k", values="perplexity").to_numpy()
+    assert rnd.shape == (3, len(ab.mask_counts(6, 0.1)))
+    assert len({tuple(np.round(r, 9)) for r in rnd}) > 1
+    # every ranking ends at the same all-masked network
+    at_n = curves[curves["k"] == 6]["perplexity"].to_numpy()
+    np.testing.assert_allclose(at_n, at_n[0])
+
+
+def test_stage_rankings_follow_their_scores(stage):
+    d, outs, *_ = stage
+    r = pd.read_csv(outs["rankings"])
+    ent = xr.open_zarr(d / "entropy.zarr", consolidated=False)["head_entropy"].mean("sample").values.reshape(-1)
+    low = r[r["ranking"] == ab.HAAR_LOW].sort_values("position")
+    np.testing.assert_array_equal(low["layer"] * 3 + low["head"], np.argsort(ent, kind="stable"))
+    high = r[r["ranking"] == ab.HAAR_HIGH].sort_values("position")
+    np.testing.assert_array_equal(high["layer"] * 3 + high["head"], np.argsort(-ent, kind="stable"))
+
+
+# -- the prune rule in the real workflow (tiny config) -------------------------------------
+@pytest.mark.workflow
+def test_workflow_prune_outputs_and_reruns(clean_run):
+    import copy
+    from wfutil import TINY, planned_jobs, snakemake
+    res = clean_run / "results"
+    for model in ("txl", "vit", "lm"):
+        t3 = pd.read_csv(res / model / "tables" / "table3.csv")
+        assert list(t3["ranking"]) == list(ab.RANKINGS)
+        assert (res / model / "figures" / "fig7.png").stat().st_size > 10_000
+        assert (res / "logs" / model / "prune.log").is_file()
+        assert "predict" in (res / model / "prune" / "finding.rst").read_text()
+    cfg = copy.deepcopy(TINY)
+    cfg["prune"] = {"tolerance": 0.05}
+    # the summary page carries Tables 3 and 4
+    assert planned_jobs(snakemake(clean_run, cfg, "-n")) == {"prune": 3, "summary": 1, "all": 1}
+    # disabled, prune leaves the graph: forcing it plans no prune job (only the summary,
+    # which loses Tables 3 and 4)
+    assert planned_jobs(snakemake(clean_run, TINY, "-n", "--forcerun", "prune")) == {"prune": 3, "summary": 1,
+                                                                                      "all": 1}
+    cfg["prune"] = {"enabled": False}
+    assert planned_jobs(snakemake(clean_run, cfg, "-n", "--forcerun", "prune")) == {"summary": 1, "all": 1}
