@@ -1,6 +1,10 @@
 # oattn: organized attention, reproduced (Fasina et al., arXiv 2506.15541).
 # Loads and validates the config, includes one rule file per stage, defines `all`.
-from snakemake.utils import min_version, validate
+import os
+
+from snakemake.utils import min_version
+
+from oattn_lib.config import validate_config
 
 min_version("9.0")
 
@@ -8,7 +12,7 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml", set_default=True)
+validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
 
 
 include: "workflow/rules/common.smk"

@@ -6,11 +6,45 @@ run: duplicate names, a model too small for the Haar top_k, impossible figure he
 """
 from __future__ import annotations
 
-__all__ = ["ConfigError", "check_config", "n_tokens", "n_units"]
+__all__ = ["ConfigError", "validate_config", "check_config", "n_tokens", "n_units"]
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and what is allowed."""
+
+
+def _one_line(err) -> str:
+    """A jsonschema ValidationError as `key.path: what is wrong; allowed: ...`."""
+    path = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err.absolute_path)
+    path = path.replace(".[", "[") or "config"
+    msg = err.message
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    if err.validator == "additionalProperties":
+        msg += f"; allowed keys: {sorted(schema.get('properties', {}))}"
+    elif "enum" in schema and err.validator != "enum":
+        msg += f"; allowed: {schema['enum']}"
+    return f"{path}: {msg}"
+
+
+def validate_config(config: dict, schema_path: str) -> None:
+    """Validate against the JSON schema (filling in its defaults), then `check_config`.
+
+    Any problem is one ConfigError line naming the key and what is allowed, instead of a
+    page of jsonschema output.
+    """
+    import jsonschema
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        validate(config, schema_path, set_default=True)
+    except WorkflowError as exc:
+        # snakemake raises its WorkflowError while handling jsonschema's error
+        err = exc.__cause__ or exc.__context__
+        if not isinstance(err, jsonschema.ValidationError):
+            raise
+        raise ConfigError(_one_line(err)) from None
+    check_config(config)
 
 
 def n_tokens(model: dict) -> int | None:

@@ -3,13 +3,9 @@ import json
 import os
 import re
 
-from oattn_lib.config import check_config
-
 R = config["results"]
 MODELS = {m["name"]: m for m in config["models"]}
 FIGURES = [f"fig{i}" for i in range(1, 7)]
-
-check_config(config)
 
 
 wildcard_constraints:
