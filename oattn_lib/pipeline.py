@@ -213,10 +213,16 @@ def train_model(kind: str, arch: dict, train: dict, data: dict, data_npz, data_m
         log.info("test accuracy %.4f", res["test_accuracy"])
     else:
         raise ValueError(f"kind: {kind!r} is not trained by the workflow (allowed: txl, vit)")
-    model = model.cpu()
+    metrics["history"] = res["history"]
+    save_checkpoint(model, kind, arch, data, metrics, checkpoint_out, metrics_out)
+
+
+def save_checkpoint(model, kind: str, arch: dict, data: dict, metrics: dict, checkpoint_out, metrics_out) -> None:
+    """Save weights (CPU, with what built them) and metrics plus the weights' hash, atomically."""
+    from . import train as trainlib
+
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     metrics["state_sha256"] = trainlib.state_hash(state)
-    metrics["history"] = res["history"]
     tmp = store.atomic_path(checkpoint_out)
     try:
         torch.save({"kind": kind, "arch": arch, "data": data, "state_dict": state}, tmp)

@@ -57,7 +57,7 @@ def train_run(kind: str, arch: dict, train: dict, data: dict, data_npz, data_met
     steps, diverged (a non-finite loss or metric) and the loss history.
     """
     from . import train as trainlib
-    from .pipeline import _build, _load_npz, _save_json, _vit_images, resolve_device
+    from .pipeline import _build, _load_npz, _vit_images, resolve_device, save_checkpoint
 
     parse_attention(attention)  # a ValueError naming `attention` before any work
     if kind not in ("txl", "vit"):
@@ -99,17 +99,7 @@ def train_run(kind: str, arch: dict, train: dict, data: dict, data_npz, data_met
     log.info("%s %s seed %d: %s; %.4f s/step%s", kind, attention, seed,
              ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k in ("valid_ppl", "test_accuracy")),
              metrics["seconds_per_step"], " (DIVERGED)" if metrics["diverged"] else "")
-    model = model.cpu()
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    metrics["state_sha256"] = trainlib.state_hash(state)
-    tmp = store.atomic_path(checkpoint_out)
-    try:
-        torch.save({"kind": kind, "arch": arch, "data": data, "state_dict": state}, tmp)
-        os.replace(tmp, checkpoint_out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _save_json(metrics_out, metrics)
+    save_checkpoint(model, kind, arch, data, metrics, checkpoint_out, metrics_out)
 
 
 # -- analysis ---------------------------------------------------------------------------

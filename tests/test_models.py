@@ -11,13 +11,6 @@ from oattn_lib.models.txl import causal_mask, rel_shift, sinusoid_encoding
 V = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared machine: one intra-op thread avoids oversubscription stalls."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny_cfg(n_token=V, **kw):

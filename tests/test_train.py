@@ -11,13 +11,6 @@ from oattn_lib.train import (batchify, evaluate_txl, evaluate_vit, state_hash, t
 V = 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared machine: one intra-op thread avoids oversubscription stalls."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def pattern_stream(n_rep=400, period=13, seed=0):
