@@ -7,6 +7,7 @@ NaN where none may be) into errors that name the store and the variable.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -49,6 +50,37 @@ def _remove_stale_temporaries(path: Path) -> None:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
+def _drain_zarr_io(timeout: float = 60.0) -> None:
+    """Wait until zarr's IO event loop has finished every pending task.
+
+    zarr 3 writes chunks as concurrent tasks on its own IO thread; when one write fails
+    (disk full), the error reaches us while the other writes are still running and may
+    recreate files and directories under a temporary we are about to remove. Only once
+    they are done is removing the temporary final.
+    """
+    from zarr.core import sync as zsync
+
+    loop = zsync.loop[0]
+    if loop is None or not loop.is_running():
+        return
+
+    async def others_done() -> None:
+        me = asyncio.current_task()
+        while pending := [t for t in asyncio.all_tasks() if t is not me and not t.done()]:
+            await asyncio.wait(pending)
+
+    asyncio.run_coroutine_threadsafe(others_done(), loop).result(timeout)
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a failed write's temporary once no late zarr write can recreate any of it."""
+    for _ in range(5):
+        _drain_zarr_io()
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        if not tmp.exists():
+            return
+
+
 def write_store(ds: xr.Dataset, path: str | os.PathLike) -> Path:
     """Write `ds` as a zarr store at `path`, atomically (temp directory, then rename).
 
@@ -67,7 +99,7 @@ def write_store(ds: xr.Dataset, path: str | os.PathLike) -> Path:
             time.sleep(pause)
         _replace(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         raise
     return path
 
