@@ -48,7 +48,6 @@ import contextlib
 import contextvars
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -56,6 +55,11 @@ from typing import Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .data.images import vit_images
+from .models.checkpoint import load_trained
+from .runtime import resolve_device
+from .store import load_npz
 
 log = logging.getLogger("oattn")
 
@@ -509,7 +513,6 @@ def stability(scores, fraction: float = 0.1) -> dict:
 # -- data: the rankings' samples and the held-out sets --------------------------------------
 def _ranking_samples(kind: str, model_cfg: dict, attention: list, arrays: dict, meta: dict):
     """The extracted samples (what every ranking is computed on) and their source ids."""
-    from .pipeline import _vit_images
     if kind == "txl":
         T = attention[0].sizes["query"]
         test = arrays["test"]
@@ -530,7 +533,7 @@ def _ranking_samples(kind: str, model_cfg: dict, attention: list, arrays: dict, 
         if any(s is not None and int(s) != int(l) for s, l in zip(stored, labels)):
             raise ValueError("the extracted samples' labels do not match the test images; the dataset "
                              "changed since extraction")
-        imgs = _vit_images({"test_images": arrays["test_images"][idx]}, meta, "test", size)
+        imgs = vit_images({"test_images": arrays["test_images"][idx]}, meta, "test", size)
         return HeldOut(imgs.float(), torch.from_numpy(labels.astype(np.int64))), idx
     ids = np.stack([a["token"].values for a in attention]).astype(np.int64)
     return HeldOut(torch.from_numpy(ids)), None
@@ -551,10 +554,9 @@ def _txl_held_out(test: np.ndarray, T: int, used: np.ndarray, n: int, rng) -> He
 
 
 def _vit_held_out(arrays, meta, size: int, used: np.ndarray, n: int, rng):
-    from .pipeline import _vit_images
     free = np.setdiff1d(np.arange(arrays["test_labels"].shape[0]), used)
     pick = np.sort(rng.choice(free, size=min(n, free.size), replace=False))
-    imgs = _vit_images({"test_images": arrays["test_images"][pick]}, meta, "test", size)
+    imgs = vit_images({"test_images": arrays["test_images"][pick]}, meta, "test", size)
     return HeldOut(imgs.float(), torch.from_numpy(arrays["test_labels"][pick].astype(np.int64))), pick
 
 
@@ -597,18 +599,13 @@ def _hf_held_out(tokenizer, texts: list, sample_ids: np.ndarray, max_length: int
 
 # -- the stage ------------------------------------------------------------------------------
 def _load(kind: str, model_cfg: dict, meta: dict, checkpoint, dev):
-    from .pipeline import _build
     if kind == "hf":
         from .models.hf import load_hf
         net, tok = load_hf(model_cfg["path"], device=dev)
         net.set_attn_implementation(_register_gated_attention())  # = the recording attention until gated
         return net, tok
-    ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    if kind == "txl":
-        net = _build("txl", ck["arch"], n_token=len(meta["vocab"]))
-    else:
-        net = _build("vit", ck["arch"], image_size=model_cfg.get("data", {}).get("image_size", 32))
-    net.load_state_dict(ck["state_dict"])
+    net, _ = load_trained(checkpoint, n_token=len(meta["vocab"]) if kind == "txl" else None,
+                          image_size=model_cfg.get("data", {}).get("image_size", 32))
     return net.to(dev).eval(), None
 
 
@@ -666,13 +663,12 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
     import pandas as pd
 
     from . import plots, store
-    from .pipeline import _load_npz, resolve_device
 
     held_out = {"txl_segments": 32, "vit_images": 300, "hf_windows": 24, **(held_out or {})}
     dev = resolve_device(device)
     name = model_cfg.get("name", kind)
     meta = json.loads(Path(data_meta).read_text())
-    arrays = _load_npz(data_npz) if kind != "hf" else {}
+    arrays = load_npz(data_npz) if kind != "hf" else {}
     attention = [store.read_store(p, require=("probs",), finite=("probs",)) for p in attention_stores]
     ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
     haar = ent["head_entropy"].transpose("sample", "layer", "head").values.astype(np.float64)

@@ -6,7 +6,14 @@ run: duplicate names, a model too small for the Haar top_k, impossible figure he
 """
 from __future__ import annotations
 
-__all__ = ["ConfigError", "validate_config", "check_config", "n_tokens", "n_units"]
+import copy
+import math
+import re
+
+import yaml
+
+__all__ = ["ConfigError", "validate_config", "check_config", "coerce_config", "canonical", "n_tokens",
+           "n_units"]
 
 
 class ConfigError(ValueError):
@@ -26,8 +33,133 @@ def _one_line(err) -> str:
     return f"{path}: {msg}"
 
 
+# -- coercion: command-line values take the schema's types --------------------------------
+_INT = re.compile(r"^[+-]?\d+$")
+_TRUE, _FALSE = {"true", "yes", "on"}, {"false", "no", "off"}
+
+
+def _subschemas(value, schema: dict, root: dict, validator_cls) -> list[dict]:
+    """The subschemas that apply to `value`: `schema` with its $ref, allOf and if/then resolved."""
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if not ref.startswith("#/"):
+            return [schema]
+        target = root
+        for part in ref[2:].split("/"):
+            target = target[part]
+        return _subschemas(value, {**target, **{k: v for k, v in schema.items() if k != "$ref"}}, root,
+                           validator_cls)
+    out = [schema]
+    for sub in schema.get("allOf", []):
+        out += _subschemas(value, sub, root, validator_cls)
+    if "if" in schema and validator_cls(schema["if"]).is_valid(value):
+        out += _subschemas(value, schema.get("then", {}), root, validator_cls)
+    return out
+
+
+def _types(schemas: list[dict]) -> set[str]:
+    types: set[str] = set()
+    for s in schemas:
+        t = s.get("type")
+        types.update([t] if isinstance(t, str) else (t or []))
+    return types
+
+
+def _coerce_scalar(value, types: set[str]):
+    """`value` as the one scalar type the schema asks for, when it parses as that type."""
+    if isinstance(value, str):
+        text = value.strip()
+        if types == {"integer"}:
+            if _INT.match(text):
+                return int(text)
+            try:
+                f = float(text)
+            except ValueError:
+                return value
+            return int(f) if math.isfinite(f) and f.is_integer() else value
+        if types == {"number"}:
+            try:
+                f = float(text)
+            except ValueError:
+                return value
+            return f if math.isfinite(f) else value
+        if types == {"boolean"}:
+            low = text.lower()
+            return True if low in _TRUE else False if low in _FALSE else value
+        if types & {"array", "object"} and text[:1] in "[{":
+            try:
+                parsed = yaml.safe_load(text)
+            except yaml.YAMLError:
+                return value
+            return parsed if isinstance(parsed, (list, dict)) else value
+        return value
+    if isinstance(value, bool):
+        return value
+    # one number, one form: 1 and 1.0 are the same learning rate, 3.0 and 3 the same count
+    if types == {"number"} and isinstance(value, int):
+        return float(value)
+    if types == {"integer"} and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _coerce(value, schema: dict, root: dict, validator_cls):
+    schemas = _subschemas(value, schema, root, validator_cls)
+    value = _coerce_scalar(value, _types(schemas))
+    if isinstance(value, dict):
+        props: dict = {}
+        extra: list = []
+        for s in schemas:
+            props.update(s.get("properties", {}))
+            if isinstance(s.get("additionalProperties"), dict):
+                extra.append(s["additionalProperties"])
+        for key in list(value):
+            sub = props.get(key) or (extra[0] if extra else None)
+            if sub is not None:
+                value[key] = _coerce(value[key], sub, root, validator_cls)
+        # conditional subschemas (if/then on `kind`) apply once the keys they test are coerced
+        for s in _subschemas(value, schema, root, validator_cls):
+            for key, sub in s.get("properties", {}).items():
+                if key in value and sub is not props.get(key):
+                    value[key] = _coerce(value[key], sub, root, validator_cls)
+    elif isinstance(value, list):
+        items = [s["items"] for s in schemas if isinstance(s.get("items"), dict)]
+        if items:
+            value[:] = [_coerce(v, items[0], root, validator_cls) for v in value]
+    return value
+
+
+def coerce_config(config: dict, schema: dict) -> dict:
+    """Give every value the type the schema asks for, where it parses as that type (in place).
+
+    Values nested in `snakemake --config key='{a: 100}'` arrive as strings; a string that
+    does not parse stays as it is, and validation then names its key. Numbers take one
+    form per key: an integer key holds ints (3.0 -> 3), a number key floats (1 -> 1.0).
+    """
+    import jsonschema
+
+    validator_cls = jsonschema.validators.validator_for(schema)
+    _coerce(config, schema, schema, validator_cls)
+    return config
+
+
+def canonical(value):
+    """`value` with every mapping's keys in sorted order (recursively) and tuples as lists.
+
+    Snakemake compares a rule's params by their repr, so the same config written with its
+    keys in another order would otherwise rerun every stage; the workflow canonicalises its
+    config once, after validation, and every rule's params inherit the order.
+    """
+    if isinstance(value, dict):
+        return {k: canonical(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    return value
+
+
 def validate_config(config: dict, schema_path: str) -> None:
-    """Validate against the JSON schema (filling in its defaults), then `check_config`.
+    """Coerce values to the schema's types, validate (filling in defaults), run
+    `check_config`, and put the config in canonical key order, all in place.
 
     Any problem is one ConfigError line naming the key and what is allowed, instead of a
     page of jsonschema output.
@@ -36,6 +168,9 @@ def validate_config(config: dict, schema_path: str) -> None:
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
+    with open(schema_path) as f:
+        schema = yaml.safe_load(f)
+    coerce_config(config, schema)
     try:
         validate(config, schema_path, set_default=True)
     except WorkflowError as exc:
@@ -44,7 +179,12 @@ def validate_config(config: dict, schema_path: str) -> None:
         if not isinstance(err, jsonschema.ValidationError):
             raise
         raise ConfigError(_one_line(err)) from None
+    # defaults filled in by the schema take the same forms as given values
+    coerce_config(config, schema)
     check_config(config)
+    ordered = canonical(copy.deepcopy(config))
+    config.clear()
+    config.update(ordered)
 
 
 def n_tokens(model: dict) -> int | None:
@@ -87,6 +227,13 @@ def check_config(config: dict) -> None:
     ent = config.get("entropy", {})
     for i, m in enumerate(config["models"]):
         where = f"models[{i}] ({m['name']})"
+        if m["kind"] == "hf":
+            from .models.files import hf_path_problem
+
+            problem = hf_path_problem(str(m.get("path", "")))
+            if problem:
+                raise ConfigError(f"models[{i}].path: {problem}; allowed: a directory with a config.json, "
+                                  "the alias 'minilm', or (online) a Hugging Face hub id")
         arch = m.get("arch", {})
         if m["kind"] == "vit" and arch.get("variant", "custom") == "custom":
             size, patch = m.get("data", {}).get("image_size", 32), arch.get("patch_size", 4)

@@ -13,7 +13,7 @@ import torch
 from ._arrays import as_tensor
 from .haar import bihaar, haar_basis, trihaar
 
-__all__ = ["coarsest", "coarse_l1", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
+__all__ = ["coarsest", "coarse_l1", "l1_over_l2", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
            "extreme_heads", "jaccard_stability", "n_extreme"]
 
 
@@ -82,7 +82,8 @@ def network_entropy(X, org, top_k: int = 100) -> float:
     return float(coarse_l1(c, [b[1] for b in bases], [b[2] for b in bases], top_k))
 
 
-def _l1_over_l2(c: torch.Tensor, dims) -> torch.Tensor:
+def l1_over_l2(c: torch.Tensor, dims) -> torch.Tensor:
+    """l1 norm over l2 norm of `c` along `dims` (SPEC 4's sparsity; lower is sparser)."""
     c = c.double()
     l2 = c.pow(2).sum(dims).sqrt()
     l1 = c.abs().sum(dims)
@@ -93,13 +94,13 @@ def _l1_over_l2(c: torch.Tensor, dims) -> torch.Tensor:
 def head_sparsity(X, org) -> np.ndarray:
     """Per-head l1/l2 ratio of all bi-Haar coefficients; lower is sparser (SPEC 4)."""
     x, _ = as_tensor(X, "X", ndim=3)
-    return _l1_over_l2(bihaar(x, org.tree_q, org.tree_k), (0, 1)).cpu().numpy()
+    return l1_over_l2(bihaar(x, org.tree_q, org.tree_k), (0, 1)).cpu().numpy()
 
 
 def network_sparsity(X, org) -> float:
     """l1/l2 ratio of all tri-Haar coefficients of the network; lower is sparser (SPEC 4)."""
     x, _ = as_tensor(X, "X", ndim=3)
-    return float(_l1_over_l2(trihaar(x, org.tree_q, org.tree_k, org.tree_h).reshape(-1), 0))
+    return float(l1_over_l2(trihaar(x, org.tree_q, org.tree_k, org.tree_h).reshape(-1), 0))
 
 
 def n_extreme(n_heads: int, fraction: float) -> int:

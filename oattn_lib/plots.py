@@ -3,7 +3,7 @@
 Every function takes plain arrays in (query, key, head) order and returns a matplotlib
 `Figure`; nothing here reads or writes files except `save`, which writes one PNG
 atomically. Figures are built without pyplot (no global figure registry), with one
-shared look (`_styled`), constrained layout, and titles and axis labels in the domain's
+shared look (`styled`), constrained layout, and titles and axis labels in the domain's
 words: queries and keys, heads named "layer.head", Haar coefficients indexed by support.
 
 Inputs are validated at the boundary: a wrong shape raises `ValueError` naming the
@@ -13,10 +13,8 @@ scale and raise no warnings.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import matplotlib as mpl
@@ -27,7 +25,9 @@ from matplotlib.colors import BoundaryNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-__all__ = ["DPI", "save", "fig1_organized_head", "fig2_paraproduct", "fig3_head_geometry",
+from . import store
+
+__all__ = ["DPI", "save", "new_figure", "styled", "fig1_organized_head", "fig2_paraproduct", "fig3_head_geometry",
            "fig4_bihaar", "fig5_entropy_heatmaps", "fig6_top_trihaar", "fig7_ablation"]
 
 _LOG_FLOOR = 1e-7  # relative round-off level below which bi-Haar coefficients count as 0
@@ -58,7 +58,7 @@ _RC = {
 
 
 # -- style and small helpers -----------------------------------------------------------
-def _styled(fn):
+def styled(fn):
     """Build the figure under the project's one style (font sizes, white background)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -67,7 +67,7 @@ def _styled(fn):
     return wrapper
 
 
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     """A pyplot-free figure with an Agg canvas and constrained layout."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -168,22 +168,14 @@ def _tick_step(n: int, max_ticks: int) -> int:
 def save(fig: Figure, path) -> Path:
     """Write `fig` as a PNG at `DPI` to `path` atomically, then close the figure.
 
-    The image is written to a temporary sibling ``.{stem}.tmp-XXXX.png`` and renamed over
-    `path`, so a reader (or Snakemake) never sees a half-written file. Figure size is kept
-    as is (no tight bounding box): the PNG is DPI * figsize pixels.
+    The image is written to a temporary sibling and renamed over `path`
+    (`store.atomic_output`), so a reader (or Snakemake) never sees a half-written file.
+    Figure size is kept as is (no tight bounding box): the PNG is DPI * figsize pixels.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.tmp-", suffix=".png", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with store.atomic_output(path) as tmp, open(tmp, "wb") as fh:
             fig.savefig(fh, format="png", dpi=DPI)
-        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a figure is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     finally:
         # Only figures made through pyplot are registered there; ours never are.
         pyplot = sys.modules.get("matplotlib.pyplot")
@@ -193,7 +185,7 @@ def save(fig: Figure, path) -> Path:
 
 
 # -- Figure 1 --------------------------------------------------------------------------
-@_styled
+@styled
 def fig1_organized_head(original, organized, title: str = "", *,
                         value_label: str = "attention", robust: bool = False) -> Figure:
     """Paper Figure 1: one attention head before and after its 2-D organization (SPEC 3.3).
@@ -207,7 +199,7 @@ def fig1_organized_head(original, organized, title: str = "", *,
     organized = _array(organized, "organized", 2)
     _same_shape(original, "original", organized=organized)
     clim = _seq_clim(original, organized, robust=robust)
-    fig = _figure(11, 5)
+    fig = new_figure(11, 5)
     axes = fig.subplots(1, 2)
     im = _heatmap(axes[0], original, clim, SEQUENTIAL, "original head", "key", "query")
     _heatmap(axes[1], organized, clim, SEQUENTIAL, "organized head (mixed Hölder)",
@@ -220,7 +212,7 @@ def fig1_organized_head(original, organized, title: str = "", *,
 
 
 # -- Figure 2 --------------------------------------------------------------------------
-@_styled
+@styled
 def fig2_paraproduct(exact, approximation, residual, rel_residual: float,
                      rel_residual_unorganized: float, title: str = "", *,
                      robust: bool = False) -> Figure:
@@ -238,7 +230,7 @@ def fig2_paraproduct(exact, approximation, residual, rel_residual: float,
     _same_shape(exact, "exact", approximation=approximation, residual=residual)
     rel, rel_u = float(rel_residual), float(rel_residual_unorganized)
     clim = _seq_clim(exact, approximation, robust=robust)
-    fig = _figure(16, 5.4)
+    fig = new_figure(16, 5.4)
     axes = fig.subplots(1, 3)
     xl, yl = "key (organized order)", "query (organized order)"
     im = _heatmap(axes[0], exact, clim, SEQUENTIAL, "softmax of organized head", xl, yl)
@@ -293,7 +285,7 @@ def _spread_points(z: np.ndarray, k: int) -> np.ndarray:
     return np.array(chosen)
 
 
-@_styled
+@styled
 def fig3_head_geometry(coords, affinity, tree_labels, unit_labels, order, title: str = "") -> Figure:
     """Paper Figure 3: the network's heads as organized by the 3-D questionnaire (SPEC 3, 6).
 
@@ -325,7 +317,7 @@ def fig3_head_geometry(coords, affinity, tree_labels, unit_labels, order, title:
     xyz[:, :min(3, coords.shape[1])] = coords[:, :3]
     cmap, norm = _layer_colours(layers)
 
-    fig = _figure(18, 6)
+    fig = new_figure(18, 6)
     gs = fig.add_gridspec(1, 3, width_ratios=[1.1, 1, 1.25])
 
     # (a) diffusion map
@@ -406,7 +398,7 @@ def _support_axis(ax, support: np.ndarray) -> None:
     top.set_xlabel("support size", fontsize=8)
 
 
-@_styled
+@styled
 def fig4_bihaar(coeffs, supports, head_names, haar_vectors, title: str = "", *,
                 n_vectors: int | None = None) -> Figure:
     """Paper Figure 4: bi-Haar expansion coefficients of heads and head-tree Haar vectors (SPEC 2).
@@ -440,7 +432,7 @@ def fig4_bihaar(coeffs, supports, head_names, haar_vectors, title: str = "", *,
     hv = hv[:, :n_show]
 
     k = len(coeffs)
-    fig = _figure(5.5 * (k + 1), 4.8)
+    fig = new_figure(5.5 * (k + 1), 4.8)
     axes = fig.subplots(1, k + 1)
     for i, (ax, c, s, name) in enumerate(zip(axes, coeffs, supports, head_names)):
         mag = np.abs(c)
@@ -489,7 +481,7 @@ def fig4_bihaar(coeffs, supports, head_names, haar_vectors, title: str = "", *,
 
 
 # -- Figure 5 --------------------------------------------------------------------------
-@_styled
+@styled
 def fig5_entropy_heatmaps(entropies, sample_names, title: str = "", *,
                           value_label: str = "per-head ℓ1 entropy", annotate: bool | None = None) -> Figure:
     """Paper Figure 5: per-head l1 entropy (SPEC 4) as layer x head heatmaps, one per sample.
@@ -514,7 +506,7 @@ def fig5_entropy_heatmaps(entropies, sample_names, title: str = "", *,
     nrows = -(-s // ncols)
     panel_w = float(np.clip(0.42 * n_heads + 1.2, 3.0, 6.5))
     panel_h = float(np.clip(0.30 * n_layers + 1.3, 2.8, 6.5))
-    fig = _figure(panel_w * ncols + 1.2, panel_h * nrows + (0.5 if title else 0.2))
+    fig = new_figure(panel_w * ncols + 1.2, panel_h * nrows + (0.5 if title else 0.2))
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False).ravel())
     for ax in axes[s:]:
         ax.remove()
@@ -539,7 +531,7 @@ def fig5_entropy_heatmaps(entropies, sample_names, title: str = "", *,
 
 
 # -- Figure 6 --------------------------------------------------------------------------
-@_styled
+@styled
 def fig6_top_trihaar(values, sample_names, title: str = "", *,
                      value_label: str | None = None) -> Figure:
     """Paper Figure 6: the top-k tri-Haar coefficients of the network, one series per sample.
@@ -556,7 +548,7 @@ def fig6_top_trihaar(values, sample_names, title: str = "", *,
     signed = bool(np.any(v < 0))
     if value_label is None:
         value_label = "tri-Haar coefficient" if signed else "|tri-Haar coefficient|"
-    fig = _figure(10, 5.2)
+    fig = new_figure(10, 5.2)
     ax = fig.subplots()
     x = np.arange(1, k + 1)
     markers = "osD^v<>ph*"
@@ -577,7 +569,7 @@ def fig6_top_trihaar(values, sample_names, title: str = "", *,
 
 
 # -- Figure 7 (head ablation; not in the paper) ----------------------------------------
-@_styled
+@styled
 def fig7_ablation(fractions, curves: dict, metric_name: str, title: str = "") -> Figure:
     """Head-ablation study (beyond the paper): a metric against the fraction of heads masked.
 
@@ -587,7 +579,7 @@ def fig7_ablation(fractions, curves: dict, metric_name: str, title: str = "") ->
     f = _array(fractions, "fractions", 1)
     if not curves:
         raise ValueError("curves: expected at least one ranking")
-    fig = _figure(8.5, 5.2)
+    fig = new_figure(8.5, 5.2)
     ax = fig.subplots()
     for i, (name, y) in enumerate(curves.items()):
         y = _array(y, f"curves[{name!r}]", (1, 2))

@@ -15,7 +15,7 @@ of steps, then:
   organized by the 2-D questionnaire (SPEC 3.3) and unorganized, on its pre-softmax scores.
 
 TXL variants run in their causal prefix form (`tensor_attention`); ViT variants in the
-non-causal linear form. Each run reuses the workflow's own stages: `pipeline.extract`,
+non-causal linear form. Each run reuses the workflow's own stages: `stages.extract`,
 `organize`, `decompose` and `entropy` run unchanged on tensor-attention models.
 
 Stage functions: `train_run` (one model, attention, seed), `analyse_run` (its attention
@@ -26,15 +26,22 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 import xarray as xr
 
-from . import store
+from . import plots, store
+from .data.images import vit_images
+from .models.checkpoint import build_model, load_checkpoint, save_checkpoint
+from .plots import new_figure, styled
+from .runtime import resolve_device
+from .stages.decompose import decompose
+from .stages.entropy import entropy
+from .stages.extract import extract
+from .stages.organize import organize
+from .store import load_npz
 from .tensor_attention import parse_attention
 
 log = logging.getLogger("oattn")
@@ -52,12 +59,11 @@ def train_run(kind: str, arch: dict, train: dict, data: dict, data_npz, data_met
 
     steps > 0 trains every run for that many optimizer steps (TXL and ViT alike); 0 keeps
     the model's own length (TXL train.steps, ViT train.epochs). Same checkpoint format as
-    `pipeline.train_model`, so `pipeline.extract` reads it. metrics: valid_ppl and
+    `stages.train.train_model`, so `stages.extract` reads it. metrics: valid_ppl and
     unigram_ppl (TXL) or test_accuracy (ViT), seconds_per_step (training loop only),
     steps, diverged (a non-finite loss or metric) and the loss history.
     """
     from . import train as trainlib
-    from .pipeline import _build, _load_npz, _vit_images, resolve_device, save_checkpoint
 
     parse_attention(attention)  # a ValueError naming `attention` before any work
     if kind not in ("txl", "vit"):
@@ -68,10 +74,10 @@ def train_run(kind: str, arch: dict, train: dict, data: dict, data_npz, data_met
         raise ValueError(f"steps: expected an integer >= 0, got {steps!r}")
     dev = resolve_device(device)
     arch = {**arch, "attention": attention}
-    arrays, meta = _load_npz(data_npz), json.loads(Path(data_meta).read_text())
+    arrays, meta = load_npz(data_npz), json.loads(Path(data_meta).read_text())
     torch.manual_seed(seed)
     if kind == "txl":
-        model = _build(kind, arch, n_token=len(meta["vocab"]))
+        model = build_model(kind, arch, n_token=len(meta["vocab"]))
         n_steps = steps or train["steps"]
         res = trainlib.train_txl(model, torch.from_numpy(arrays["train"]), torch.from_numpy(arrays["valid"]),
                                  steps=n_steps, batch_size=train["batch_size"], lr=train["lr"],
@@ -81,11 +87,11 @@ def train_run(kind: str, arch: dict, train: dict, data: dict, data_npz, data_met
         value = res["valid_ppl"]
     else:
         size = data.get("image_size", 32)
-        model = _build(kind, arch, image_size=size)
+        model = build_model(kind, arch, image_size=size)
         length = {"steps": steps} if steps else {"epochs": train["epochs"]}
-        res = trainlib.train_vit(model, _vit_images(arrays, meta, "train", size),
+        res = trainlib.train_vit(model, vit_images(arrays, meta, "train", size),
                                  torch.from_numpy(arrays["train_labels"]),
-                                 _vit_images(arrays, meta, "test", size), torch.from_numpy(arrays["test_labels"]),
+                                 vit_images(arrays, meta, "test", size), torch.from_numpy(arrays["test_labels"]),
                                  batch_size=train["batch_size"], lr=train["lr"], seed=seed, device=dev,
                                  log=log, progress=False, **length)
         metrics = {"test_accuracy": res["test_accuracy"]}
@@ -118,49 +124,38 @@ def analyse_run(kind: str, model: dict, data_npz, data_meta, checkpoint, metrics
     computed on the pre-softmax scores (SPEC 5). A diverged run (metrics "diverged")
     gets an entropy.zarr of NaN and no maps. `model` needs name, data and extract.seed.
     """
-    from . import pipeline
 
     m = json.loads(Path(metrics).read_text())
-    out = Path(out)
-    tmp = store.atomic_path(out)
-    tmp.mkdir(parents=True)
     slice_ = {"model": model["name"], "attention": m["attention"], "seed": m["seed"], "quantity": quantity}
-    try:
+    with store.atomic_output(out) as tmp:
+        tmp.mkdir(parents=True)
         if m.get("diverged"):
             log.warning("%s %s seed %d diverged: no attention maps to analyse", model["name"],
                         m["attention"], m["seed"])
             _diverged_entropy(checkpoint, kind, tmp / "entropy.zarr", n_samples, slice_)
-        else:
-            mcfg = {"name": model["name"], "kind": kind, "data": model.get("data", {}),
-                    "extract": {"n_samples": n_samples, "seed": model.get("extract", {}).get("seed", 0)}}
-            decs = []
-            for s in range(n_samples):
-                att, org, dec = (tmp / d / f"sample{s}.zarr" for d in ("attention", "organized", "decomposed"))
-                for p in (att, org, dec):
-                    p.parent.mkdir(exist_ok=True)
-                pipeline.extract(kind, mcfg, data_npz, data_meta, checkpoint, att, s, device=device,
-                                 config_slice=slice_)
-                pipeline.organize(att, org, quantity, params=organize_params or {}, config_slice=slice_)
-                # one figure head: decompose's paraproduct is not what is analysed here
-                pipeline.decompose(att, org, dec, quantity, figure_heads=[[0, 0]],
-                                   questionnaire2d_iters=questionnaire2d_iters, random_tree_seeds=1,
-                                   config_slice=slice_)
-                decs.append(dec)
-            pipeline.entropy(decs, tmp / "entropy.zarr", head_top_k, network_top_k, config_slice=slice_)
-            if m["attention"] == "softmax" and paraproduct_samples > 0:
-                _paraproduct_residuals([tmp / "attention" / f"sample{s}.zarr"
-                                        for s in range(min(paraproduct_samples, n_samples))],
-                                       tmp / "paraproduct.zarr", questionnaire2d_iters, slice_)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            return
+        mcfg = {"name": model["name"], "kind": kind, "data": model.get("data", {}),
+                "extract": {"n_samples": n_samples, "seed": model.get("extract", {}).get("seed", 0)}}
+        decs = []
+        for s in range(n_samples):
+            att, org, dec = (tmp / d / f"sample{s}.zarr" for d in ("attention", "organized", "decomposed"))
+            for p in (att, org, dec):
+                p.parent.mkdir(exist_ok=True)
+            extract(kind, mcfg, data_npz, data_meta, checkpoint, att, s, device=device, config_slice=slice_)
+            organize(att, org, quantity, params=organize_params or {}, config_slice=slice_)
+            # one figure head: decompose's paraproduct is not what is analysed here
+            decompose(att, org, dec, quantity, figure_heads=[[0, 0]],
+                      questionnaire2d_iters=questionnaire2d_iters, random_tree_seeds=1, config_slice=slice_)
+            decs.append(dec)
+        entropy(decs, tmp / "entropy.zarr", head_top_k, network_top_k, config_slice=slice_)
+        if m["attention"] == "softmax" and paraproduct_samples > 0:
+            _paraproduct_residuals([tmp / "attention" / f"sample{s}.zarr"
+                                    for s in range(min(paraproduct_samples, n_samples))],
+                                   tmp / "paraproduct.zarr", questionnaire2d_iters, slice_)
 
 
 def _diverged_entropy(checkpoint, kind, path, n_samples, slice_):
-    ck = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    ck = load_checkpoint(checkpoint)
     arch = ck["arch"]
     n_layer, n_head = ((arch.get("n_layer", 4), arch.get("n_head", 4)) if kind == "txl"
                        else (arch.get("num_layers", 4), arch.get("num_heads", 4)))
@@ -266,7 +261,6 @@ def table5(runs: list[dict], out_csv, out_md, out_fig) -> None:
               [r["mean"] - soft.get(r["model"], np.nan) for _, r in df.iterrows()])
     store.atomic_write_text(out_csv, df.to_csv(index=False))
     store.atomic_write_text(out_md, _table5_markdown(df))
-    from . import plots
     plots.save(fig8_softmax_free(dists), out_fig)
     log.info("Table 5: %d rows over %d runs", len(df), len(runs))
 
@@ -299,14 +293,13 @@ def fig8_softmax_free(dists: dict):
 
     dists: {(model, attention): {"entropy": (n,), "sparsity": (n,), "paraproduct": (n, 2) or None}}.
     """
-    from .plots import _figure, _styled
 
-    @_styled
+    @styled
     def build():
         models = list(dict.fromkeys(m for m, _ in dists))
         has_pp = any(v["paraproduct"] is not None for v in dists.values())
         ncol = 3 if has_pp else 2
-        fig = _figure(4.2 * ncol, 3.4 * len(models))
+        fig = new_figure(4.2 * ncol, 3.4 * len(models))
         axes = np.atleast_2d(fig.subplots(len(models), ncol, squeeze=False))
         for i, model in enumerate(models):
             names = [a for (m, a) in dists if m == model]

@@ -8,10 +8,12 @@ NaN where none may be) into errors that name the store and the variable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -19,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-__all__ = ["StoreError", "write_store", "read_store", "provenance_attrs", "file_sha256",
-           "atomic_write_text", "atomic_path"]
+__all__ = ["StoreError", "atomic_output", "atomic_path", "store_path", "write_store", "read_store",
+           "provenance_attrs", "file_sha256", "atomic_write_text", "save_npz", "save_json", "load_npz"]
 
 
 class StoreError(RuntimeError):
@@ -81,26 +83,43 @@ def _discard(tmp: Path) -> None:
             return
 
 
-def write_store(ds: xr.Dataset, path: str | os.PathLike) -> Path:
-    """Write `ds` as a zarr store at `path`, atomically (temp directory, then rename).
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike):
+    """Yield a temporary sibling of `path` to write (a file or a directory); on success it is
+    renamed over `path`, on any failure it is removed, so `path` only ever holds a complete
+    output. The one atomic-write mechanism of the project: stores, npz, json, text, PNG and
+    checkpoints all go through it.
 
     The environment variable OATTN_FAULT_PAUSE_WRITE (seconds) pauses between writing the
-    temporary store and renaming it: a window for fault-injection tests to kill a job
-    in the middle of a write.
+    temporary and renaming it: a window for fault-injection tests to kill a job in the
+    middle of a write.
     """
     path = Path(path)
     _remove_stale_temporaries(path)
     tmp = atomic_path(path)
     try:
-        ds.to_zarr(tmp, mode="w", consolidated=False)
+        yield tmp
         pause = float(os.environ.get("OATTN_FAULT_PAUSE_WRITE", "0") or 0)
         if pause > 0:
-            import time
             time.sleep(pause)
         _replace(tmp, path)
     except BaseException:
         _discard(tmp)
         raise
+
+
+def store_path(path: str | os.PathLike) -> Path:
+    """The store directory of `path`: the workflow names a store by its root `zarr.json`
+    (a file output, so that Snakemake puts no timestamp marker inside the store)."""
+    path = Path(path)
+    return path.parent if path.name == "zarr.json" else path
+
+
+def write_store(ds: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Write `ds` as a zarr store at `path` (the store directory or its zarr.json), atomically."""
+    path = store_path(path)
+    with atomic_output(path) as tmp:
+        ds.to_zarr(tmp, mode="w", consolidated=False)
     return path
 
 
@@ -110,7 +129,7 @@ def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: t
     `require` lists variables that must be present; `finite` those that must hold no
     NaN or inf.
     """
-    path = Path(path)
+    path = store_path(path)
     if not path.exists():
         raise StoreError(f"{path}: store does not exist")
     try:
@@ -139,11 +158,16 @@ def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: t
     return ds
 
 
-def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, **extra) -> dict:
-    """Store attributes recording what produced an artifact (SPEC 8): JSON strings only."""
+def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, code: str | None = None,
+                     **extra) -> dict:
+    """Store attributes recording what produced an artifact (SPEC 8): the config slice,
+    the checkpoint hash, the stage's code fingerprint (`oattn_lib.fingerprint`, as
+    "<stage>:<hash>") and any extras; JSON strings only."""
     attrs = {"config": json.dumps(config_slice, sort_keys=True, default=str)}
     if checkpoint_hash is not None:
         attrs["checkpoint_sha256"] = checkpoint_hash
+    if code is not None:
+        attrs["code"] = str(code)
     for key, value in extra.items():
         attrs[key] = value if isinstance(value, (str, int, float)) else json.dumps(value, default=str)
     return attrs
@@ -159,12 +183,37 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write a text file atomically."""
-    path = Path(path)
-    tmp = atomic_path(path)
-    try:
+    with atomic_output(path) as tmp:
         tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
+
+
+def save_npz(path: str | os.PathLike, **arrays) -> None:
+    """Write arrays to an .npz file atomically (read back with `load_npz`, no pickles)."""
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def save_json(path: str | os.PathLike, obj) -> None:
+    """Write `obj` as indented, key-sorted JSON atomically (numpy scalars and arrays allowed)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default))
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def load_npz(path: str | os.PathLike) -> dict:
+    """The arrays of an .npz file written by `save_npz`; errors name the file."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as exc:
+        raise StoreError(f"{path}: cannot read dataset file ({type(exc).__name__}: {exc}); "
+                         "delete it so the workflow regenerates it") from exc

@@ -1,5 +1,5 @@
 """Snakemake entry (local rule): fetch one dataset or the ViT-B/16 weights, checksummed."""
-from oattn_lib.pipeline import setup_logging
+from oattn_lib.runtime import setup_logging
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params

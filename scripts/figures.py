@@ -1,5 +1,6 @@
 """Snakemake entry: Figures 1-6 of one model."""
-from oattn_lib.pipeline import figures, setup_logging
+from oattn_lib.runtime import setup_logging
+from oattn_lib.stages.figures import figures
 
 setup_logging(snakemake.log[0], snakemake.threads)
 i = snakemake.input

@@ -1,7 +1,8 @@
 """Snakemake entry: the 3-D questionnaire on one sample (SPEC 3.2)."""
-from oattn_lib.pipeline import organize, setup_logging
+from oattn_lib.runtime import setup_logging
+from oattn_lib.stages.organize import organize
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 organize(snakemake.input.attention, snakemake.output.store, params=p.organize,
-         config_slice={**p.analysis, "organize": p.organize}, **p.analysis)
+         config_slice={**p.analysis, "organize": p.organize}, code=p.code, **p.analysis)

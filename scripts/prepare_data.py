@@ -1,5 +1,6 @@
 """Snakemake entry: build one model's dataset (text splits and vocabulary, or images)."""
-from oattn_lib.pipeline import prepare_data, setup_logging
+from oattn_lib.runtime import setup_logging
+from oattn_lib.stages.data import prepare_data
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params

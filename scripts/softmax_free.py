@@ -1,7 +1,7 @@
 """Snakemake entry of the softmax-free experiment's rules: train one run, analyse one run, or
 build Table 5 and Figure 8 (oattn_lib.softmax_free), by the rule that runs it."""
 from oattn_lib import softmax_free as sf
-from oattn_lib.pipeline import setup_logging
+from oattn_lib.runtime import setup_logging
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p, i, o = snakemake.params, snakemake.input, snakemake.output

@@ -1,5 +1,6 @@
 """Snakemake entry: the Markdown summary of every model."""
-from oattn_lib.pipeline import setup_logging, summary
+from oattn_lib.runtime import setup_logging
+from oattn_lib.stages.summary import summary
 
 setup_logging(snakemake.log[0], snakemake.threads)
 i = snakemake.input

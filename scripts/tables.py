@@ -1,5 +1,6 @@
 """Snakemake entry: Tables 1 and 2 of one model, as CSV and Markdown."""
-from oattn_lib.pipeline import setup_logging, tables
+from oattn_lib.runtime import setup_logging
+from oattn_lib.stages.tables import tables
 
 setup_logging(snakemake.log[0], snakemake.threads)
 o = snakemake.output

@@ -1,5 +1,6 @@
 """Snakemake entry: train one model, seeded; checkpoint and metrics."""
-from oattn_lib.pipeline import setup_logging, train_model
+from oattn_lib.runtime import setup_logging
+from oattn_lib.stages.train import train_model
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params

@@ -373,7 +373,8 @@ def test_curve_at_zero_equals_the_unmasked_metric(kind):
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     """The prune stage on a tiny Transformer-XL: real extraction, synthetic Haar entropies."""
-    from oattn_lib import pipeline, store
+    from oattn_lib import store
+    from oattn_lib.stages.extract import extract
     d = tmp_path_factory.mktemp("prune")
     rng = np.random.default_rng(0)
     test = rng.integers(0, 40, 8 * 40 + 1)
@@ -386,7 +387,7 @@ def stage(tmp_path_factory):
     stores = []
     for i in range(3):
         stores.append(d / f"sample{i}.zarr")
-        pipeline.extract("txl", cfg, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt", stores[-1], i,
+        extract("txl", cfg, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt", stores[-1], i,
                          device="cpu")
     ent = xr.Dataset({"head_entropy": (("sample", "layer", "head"), rng.random((3, 2, 3)))},
                      coords={"sample": np.arange(3), "layer": np.arange(2), "head": np.arange(3)})

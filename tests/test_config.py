@@ -40,3 +40,93 @@ def test_bad_config_is_one_line_naming_the_key(config, edit, expect):
         validate_config(config, SCHEMA)
     assert expect in str(err.value)
     assert "\n" not in str(err.value)
+
+
+# -- values from the command line, and one canonical form ------------------------------------
+def test_command_line_strings_take_the_schema_types(config):
+    # `snakemake --config entropy='{head_top_k: 100}'` delivers the nested value as a string
+    config["entropy"] = {"head_top_k": "100", "fraction": "0.25"}
+    config["organize"] = {"n_iters": "2", "head_uses_initial_trees": "false", "alpha": "1e-3"}
+    config["models"][0]["train"]["lr"] = "2.5e-3"
+    config["models"][1]["extract"]["crop"] = "[1, 15]"
+    validate_config(config, SCHEMA)
+    assert config["entropy"]["head_top_k"] == 100 and type(config["entropy"]["head_top_k"]) is int
+    assert config["entropy"]["fraction"] == 0.25
+    assert config["organize"]["n_iters"] == 2 and config["organize"]["head_uses_initial_trees"] is False
+    assert config["organize"]["alpha"] == 1e-3
+    assert config["models"][0]["train"]["lr"] == 0.0025
+    assert config["models"][1]["extract"]["crop"] == [1, 15]
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (lambda c: c["entropy"].update(head_top_k="100x"), "entropy.head_top_k: '100x' is not of type 'integer'"),
+    (lambda c: c["entropy"].update(head_top_k="2.5"), "entropy.head_top_k: '2.5' is not of type 'integer'"),
+    (lambda c: c["models"][0]["train"].update(lr="fast"), "models[0].train.lr: 'fast' is not of type 'number'"),
+    (lambda c: c["organize"].update(head_uses_initial_trees="maybe"), "organize.head_uses_initial_trees: 'maybe'"),
+])
+def test_strings_that_do_not_parse_stay_errors_naming_the_key(config, edit, expect):
+    edit(config)
+    with pytest.raises(ConfigError) as err:
+        validate_config(config, SCHEMA)
+    assert expect in str(err.value)
+
+
+def _reordered(value):
+    if isinstance(value, dict):
+        return {k: _reordered(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reordered(v) for v in value]
+    return value
+
+
+def test_same_values_in_another_order_and_form_give_the_same_config(config):
+    a = copy.deepcopy(config)
+    b = _reordered(copy.deepcopy(config))
+    b["models"][0]["train"]["lr"] = "2.5e-3"          # 0.0025 written another way
+    b["organize"]["n_iters"] = 3.0                    # an integer key given as a float
+    b["organize"]["alpha"] = 0                        # a number key given as an int
+    a["organize"]["alpha"] = 0.0
+    assert list(b) != list(a)
+    validate_config(a, SCHEMA)
+    validate_config(b, SCHEMA)
+    # Snakemake compares params by repr: equal reprs, key order included, are what counts
+    assert repr(a) == repr(b)
+    assert list(a) == sorted(a) and list(a["models"][0]["train"]) == sorted(a["models"][0]["train"])
+
+
+def test_canonical_sorts_nested_keys_and_keeps_list_order():
+    from oattn_lib.config import canonical
+    value = {"b": [{"y": 1, "x": (2, 3)}, {"a": 0}], "a": {"d": 1, "c": 2}}
+    out = canonical(value)
+    assert repr(out) == "{'a': {'c': 2, 'd': 1}, 'b': [{'x': [2, 3], 'y': 1}, {'a': 0}]}"
+
+
+# -- paths the config names --------------------------------------------------------------------
+@pytest.mark.parametrize("path, expect", [
+    ("/nonexistent/model", "models[2].path: '/nonexistent/model' is not an existing directory"),
+    ("./relative/missing", "models[2].path: './relative/missing' is not an existing directory"),
+    ("some-org/some-model", "hub ids cannot be used offline"),
+])
+def test_unusable_hf_path_is_a_start_up_error_naming_it(config, monkeypatch, path, expect):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert config["models"][2]["kind"] == "hf"
+    config["models"][2]["path"] = path
+    with pytest.raises(ConfigError) as err:
+        validate_config(config, SCHEMA)
+    assert expect in str(err.value)
+    assert "allowed: a directory with a config.json, the alias 'minilm'" in str(err.value)
+
+
+def test_hf_path_accepts_a_model_directory_the_alias_and_online_hub_ids(config, tmp_path, monkeypatch):
+    (tmp_path / "no_config").mkdir()
+    config["models"][2]["path"] = str(tmp_path / "no_config")
+    with pytest.raises(ConfigError, match="has no config.json"):
+        validate_config(copy.deepcopy(config), SCHEMA)
+    (tmp_path / "no_config" / "config.json").write_text("{}")
+    validate_config(copy.deepcopy(config), SCHEMA)
+    config["models"][2]["path"] = "minilm"
+    validate_config(copy.deepcopy(config), SCHEMA)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    config["models"][2]["path"] = "some-org/some-model"
+    validate_config(config, SCHEMA)

@@ -18,7 +18,13 @@ import pytest
 import torch
 import xarray as xr
 
-from oattn_lib import pipeline, store
+from oattn_lib import store
+from oattn_lib.stages.data import prepare_data
+from oattn_lib.stages.decompose import decompose
+from oattn_lib.stages.entropy import entropy
+from oattn_lib.stages.extract import attention_dataset
+from oattn_lib.stages.organize import organize
+from oattn_lib.stages.tables import tables
 from oattn_lib.store import StoreError
 
 
@@ -27,7 +33,7 @@ def attention_store(path, scores, model="toy", sample=0):
     """A store in the extraction format from (layer, head, query, key) scores."""
     scores = np.asarray(scores, dtype=np.float32)
     probs = torch.softmax(torch.from_numpy(scores), -1).numpy()
-    ds = pipeline._attention_dataset(scores, probs, np.arange(scores.shape[2]),
+    ds = attention_dataset(scores, probs, np.arange(scores.shape[2]),
                                      {"model": model, "sample": sample, "checkpoint_sha256": "0" * 64})
     store.write_store(ds, path)
     return path
@@ -36,12 +42,12 @@ def attention_store(path, scores, model="toy", sample=0):
 def analyse(tmp_path, scores, head_top_k, network_top_k, quantity="scores"):
     """organize -> decompose -> entropy -> tables on one stored sample, through the stages."""
     att = attention_store(tmp_path / "att.zarr", scores)
-    pipeline.organize(att, tmp_path / "org.zarr", quantity, params={"n_iters": 2})
-    pipeline.decompose(att, tmp_path / "org.zarr", tmp_path / "dec.zarr", quantity,
+    organize(att, tmp_path / "org.zarr", quantity, params={"n_iters": 2})
+    decompose(att, tmp_path / "org.zarr", tmp_path / "dec.zarr", quantity,
                        figure_heads=[[0, 0], [-1, -1]], questionnaire2d_iters=2, random_tree_seeds=1)
-    pipeline.entropy([tmp_path / "dec.zarr"], tmp_path / "ent.zarr", head_top_k, network_top_k)
+    entropy([tmp_path / "dec.zarr"], tmp_path / "ent.zarr", head_top_k, network_top_k)
     t = [tmp_path / f for f in ("t1.csv", "t1.md", "t2.csv", "t2.md")]
-    pipeline.tables(tmp_path / "ent.zarr", *t, fraction=0.5)
+    tables(tmp_path / "ent.zarr", *t, fraction=0.5)
     return (xr.open_zarr(tmp_path / "dec.zarr", consolidated=False).load(),
             xr.open_zarr(tmp_path / "ent.zarr", consolidated=False).load())
 
@@ -58,10 +64,10 @@ def test_nan_or_inf_in_attention_names_model_sample_layer_and_head():
     scores[1, 2, 3, 0] = np.nan
     probs = np.full_like(scores, 0.2)
     with pytest.raises(ValueError, match=r"mymodel sample 7: scores has NaN or inf at layer 1, head 2"):
-        pipeline._attention_dataset(scores, probs, np.arange(5), {"model": "mymodel", "sample": 7})
+        attention_dataset(scores, probs, np.arange(5), {"model": "mymodel", "sample": 7})
     probs[2, 0, 0, 0] = np.inf
     with pytest.raises(ValueError, match=r"probs has NaN or inf at layer 2, head 0"):
-        pipeline._attention_dataset(np.zeros_like(scores), probs, np.arange(5), {"model": "m", "sample": 0})
+        attention_dataset(np.zeros_like(scores), probs, np.arange(5), {"model": "m", "sample": 0})
 
 
 @pytest.mark.parametrize("case", ["constant_head", "single_head", "two_tokens", "all_constant"])
@@ -106,7 +112,7 @@ def test_truncated_chunk_fails_naming_store_and_variable(tmp_path):
     data = chunks[0].read_bytes()
     chunks[0].write_bytes(data[: len(data) // 3])
     with pytest.raises(StoreError) as err:
-        pipeline.organize(att, tmp_path / "org.zarr", "probs", params={"n_iters": 1})
+        organize(att, tmp_path / "org.zarr", "probs", params={"n_iters": 1})
     assert str(att) in str(err.value) and "'probs'" in str(err.value)
     assert "delete it" in str(err.value)
     assert not (tmp_path / "org.zarr").exists()
@@ -152,7 +158,7 @@ def test_disk_full_fails_cleanly_and_leaves_nothing_to_trust(tiny_tmpfs):
         store.write_store(big, tiny_tmpfs / "big.zarr")
     assert list(tiny_tmpfs.iterdir()) == [], "no store and no temporary left behind"
     with pytest.raises(OSError):
-        pipeline._save_npz(tiny_tmpfs / "d.npz", x=np.zeros((300, 300)))
+        store.save_npz(tiny_tmpfs / "d.npz", x=np.zeros((300, 300)))
     assert list(tiny_tmpfs.iterdir()) == []
     # and the space is free again for a small write
     store.write_store(xr.Dataset({"a": ("x", np.arange(3.0))}), tiny_tmpfs / "small.zarr")
@@ -161,10 +167,10 @@ def test_disk_full_fails_cleanly_and_leaves_nothing_to_trust(tiny_tmpfs):
 # -- data -------------------------------------------------------------------------------------
 def test_missing_dataset_files_say_how_to_provide_them(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"wiki\.train\.tokens.*fetch_wikitext103"):
-        pipeline.prepare_data("txl", {"corpus": "wikitext103"}, tmp_path / "d.npz", tmp_path / "m.json",
+        prepare_data("txl", {"corpus": "wikitext103"}, tmp_path / "d.npz", tmp_path / "m.json",
                               data_root=tmp_path)
     with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
-        pipeline.prepare_data("vit", {"dataset": "cifar10"}, tmp_path / "d.npz", tmp_path / "m.json",
+        prepare_data("vit", {"dataset": "cifar10"}, tmp_path / "d.npz", tmp_path / "m.json",
                               data_root=tmp_path)
     assert not (tmp_path / "d.npz").exists() and not (tmp_path / "m.json").exists()
 
@@ -204,8 +210,8 @@ def test_same_seed_same_store_and_analysis_independent_of_training_seed(tmp_path
     a, b = questionnaire3d(x, seed=0), questionnaire3d(x, seed=1)
     assert a.tree_q == b.tree_q and a.tree_h == b.tree_h
     p1, p2 = attention_store(tmp_path / "a.zarr", x.T[None]), attention_store(tmp_path / "b.zarr", x.T[None])
-    pipeline.organize(p1, tmp_path / "o1.zarr", "scores", params={"n_iters": 1})
-    pipeline.organize(p2, tmp_path / "o2.zarr", "scores", params={"n_iters": 1})
+    organize(p1, tmp_path / "o1.zarr", "scores", params={"n_iters": 1})
+    organize(p2, tmp_path / "o2.zarr", "scores", params={"n_iters": 1})
     o1, o2 = (xr.open_zarr(tmp_path / f, consolidated=False).load() for f in ("o1.zarr", "o2.zarr"))
     for v in o1.data_vars:
         np.testing.assert_array_equal(o1[v].values, o2[v].values)

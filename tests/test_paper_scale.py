@@ -157,8 +157,8 @@ def save_checkpoint(path: Path, kind: str, model_cfg: dict, net: torch.nn.Module
 @pytest.fixture(scope="module")
 def paper_stores(tmp_path_factory):
     """Sample 0 of the paper's TXL and ViT-B/16 (random init, CPU), extracted by the
-    pipeline's own extract stage from checkpoints and dataset files in its formats."""
-    from oattn_lib import pipeline
+    workflow's own extract stage from checkpoints and dataset files in its formats."""
+    from oattn_lib.stages import extract as extract_stage
     from oattn_lib.models.txl import TransformerXL, TXLConfig
     from oattn_lib.models.vit import build_vit_b_16
 
@@ -178,7 +178,7 @@ def paper_stores(tmp_path_factory):
     save_checkpoint(tmp / "txl.pt", "txl", txl, net)
     del net
     out["txl"] = tmp / "txl_sample0.zarr"
-    pipeline.extract("txl", txl, tmp / "txl.npz", tmp / "txl_meta.json", tmp / "txl.pt", out["txl"],
+    extract_stage.extract("txl", txl, tmp / "txl.npz", tmp / "txl_meta.json", tmp / "txl.pt", out["txl"],
                      sample=0, device="cpu", config_slice=txl)
 
     vit = models["vit"]
@@ -188,7 +188,7 @@ def paper_stores(tmp_path_factory):
              test_labels=rng.integers(0, 10, 12))
     save_checkpoint(tmp / "vit.pt", "vit", vit, build_vit_b_16(num_classes=10, pretrained=False))
     out["vit"] = tmp / "vit_sample0.zarr"
-    pipeline.extract("vit", vit, tmp / "vit.npz", tmp / "vit_meta.json", tmp / "vit.pt", out["vit"],
+    extract_stage.extract("vit", vit, tmp / "vit.npz", tmp / "vit_meta.json", tmp / "vit.pt", out["vit"],
                      sample=0, device="cpu", config_slice=vit)
     return out
 
@@ -196,11 +196,12 @@ def paper_stores(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, shape", [("txl", (256, 256, 16 * 8)), ("vit", (197, 197, 12 * 12))])
 def test_paper_models_give_the_paper_network_tensors(paper_stores, kind, shape):
-    from oattn_lib import pipeline, store
+    from oattn_lib import store
+    from oattn_lib.stages.common import network_tensor
 
     quantity = paper_models()[kind]["extract"]["quantity"]
     ds = store.read_store(paper_stores[kind], require=("scores", "probs"), finite=("scores", "probs"))
-    x = pipeline.network_tensor(ds, quantity)
+    x = network_tensor(ds, quantity)
     assert x.dims == ("query", "key", "unit") and x.shape == shape
     scores, probs = ds["scores"].values, ds["probs"].values
     n = shape[0]
@@ -215,20 +216,21 @@ ANALYSIS = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     import yaml
-    from oattn_lib import pipeline
+    from oattn_lib.stages import decompose as decompose_stage, entropy as entropy_stage
+    from oattn_lib.stages import extract as extract_stage, organize as organize_stage
     store, kind, preset, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
     cfg = yaml.safe_load(preset.read_text())
     ex = next(m for m in cfg["models"] if m["kind"] == kind)["extract"]
     t = {}
     t0 = time.perf_counter()
-    pipeline.organize(store, out / "organized.zarr", ex["quantity"], params=cfg["organize"])
+    organize_stage.organize(store, out / "organized.zarr", ex["quantity"], params=cfg["organize"])
     t["organize_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pipeline.decompose(store, out / "organized.zarr", out / "decomposed.zarr", ex["quantity"],
+    decompose_stage.decompose(store, out / "organized.zarr", out / "decomposed.zarr", ex["quantity"],
                        **cfg["decompose"])
     t["decompose_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pipeline.entropy([out / "decomposed.zarr"], out / "entropy.zarr", cfg["entropy"]["head_top_k"],
+    entropy_stage.entropy([out / "decomposed.zarr"], out / "entropy.zarr", cfg["entropy"]["head_top_k"],
                      cfg["entropy"]["network_top_k"])
     t["entropy_s"] = time.perf_counter() - t0
     # VmHWM: this process's own peak (ru_maxrss would carry the parent's peak over the exec)

@@ -117,6 +117,7 @@ def test_unchanged_config_plans_nothing(run):
     (lambda c: c["models"][0]["extract"].update(n_samples=-1), "n_samples"),
     (lambda c: c["models"][0].update(kind="lstm"), "lstm"),
     (lambda c: c["entropy"].update(head_top_k=10_000), "entropy.head_top_k"),
+    (lambda c: c["models"][2].update(path="/nonexistent/model"), "models[2].path: '/nonexistent/model'"),
 ])
 def test_bad_config_stops_at_start_naming_the_key(tmp_path, edit, message):
     cfg = copy.deepcopy(TINY)

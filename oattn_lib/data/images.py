@@ -193,3 +193,21 @@ def cifar10_for_vit(images, size: int = 224, mean=IMAGENET_MEAN, std=IMAGENET_ST
     x = x.permute(0, 3, 1, 2).to(torch.float32) / 255.0
     x = _bilinear(x, size)
     return ((x - m[:, None, None]) / s[:, None, None]).contiguous()
+
+
+def vit_split(arrays: dict, meta: dict, split: str, size: int):
+    """Stored images of a split and the per-batch transform to model input (or None).
+
+    CIFAR-10 stays uint8 at 32 px and is resized batch by batch: its 50,000 training images
+    at 224 px would take 30 GB as floats.
+    """
+    x = torch.from_numpy(arrays[f"{split}_images"])
+    if meta.get("dataset") == "cifar10":
+        return x, lambda batch: cifar10_for_vit(batch.numpy(), size=size)
+    return x, None
+
+
+def vit_images(arrays: dict, meta: dict, split: str, size: int) -> torch.Tensor:
+    """Model input for a (small) set of stored images, e.g. the extracted samples."""
+    x, transform = vit_split(arrays, meta, split, size)
+    return transform(x) if transform else x

@@ -19,13 +19,14 @@ import os
 import re
 import sys
 import sysconfig
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from ..store import atomic_write_text
 
 __all__ = ["stdlib_corpus", "stdlib_named_documents", "tokenize_words", "Vocab",
            "split_documents", "build_text_dataset", "load_wikitext", "UNK", "EOS",
@@ -174,22 +175,6 @@ def tokenize_words(text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- vocab
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file next to `path`, then rename over it: readers never see
-    a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
 
 @dataclass(frozen=True, eq=False)
 class Vocab:
@@ -294,7 +279,7 @@ class Vocab:
     def to_json(self, path: str | os.PathLike) -> None:
         """Save to `path` as JSON (written atomically: temp file, then rename)."""
         payload = {"format": "oattn.Vocab", "version": 1, "itos": list(self.itos)}
-        _atomic_write_text(Path(path), json.dumps(payload, ensure_ascii=False))
+        atomic_write_text(path, json.dumps(payload, ensure_ascii=False))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "Vocab":

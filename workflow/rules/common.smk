@@ -1,7 +1,17 @@
 # Input functions, wildcard constraints and config helpers shared by the rules.
+#
+# The config reaching this file is complete (schema defaults filled in) and canonical (keys
+# sorted, numbers in the schema's types: oattn_lib.config.validate_config), so the params
+# of every rule compare by value: the same config written in another key order or number
+# form plans nothing.
+import ast
 import json
 import os
 import re
+
+from snakemake.settings.types import RerunTrigger
+
+from oattn_lib.fingerprint import code_fingerprint
 
 R = config["results"]
 MODELS = {m["name"]: m for m in config["models"]}
@@ -21,16 +31,58 @@ def samples(model):
     return range(MODELS[model]["extract"]["n_samples"])
 
 
+def store(path):
+    """A zarr store as a rule input or output: its root zarr.json, a plain file. A directory()
+    output would get Snakemake's .snakemake_timestamp marker inside the store, which zarr
+    then warns about every time a user opens it."""
+    return f"{path}/zarr.json"
+
+
+ATTENTION = store(f"{R}/{{model}}/attention/sample{{sample}}.zarr")
+ORGANIZED = store(f"{R}/{{model}}/organized/sample{{sample}}.zarr")
+DECOMPOSED = store(f"{R}/{{model}}/decomposed/sample{{sample}}.zarr")
+ENTROPY = store(f"{R}/{{model}}/entropy.zarr")
+
+
 def attention_stores(wildcards):
-    return [f"{R}/{wildcards.model}/attention/sample{i}.zarr" for i in samples(wildcards.model)]
+    return [ATTENTION.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
 
 
 def decomposed_stores(wildcards):
-    return [f"{R}/{wildcards.model}/decomposed/sample{i}.zarr" for i in samples(wildcards.model)]
+    return [DECOMPOSED.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
 
 
 def organized_stores(wildcards):
-    return [f"{R}/{wildcards.model}/organized/sample{i}.zarr" for i in samples(wildcards.model)]
+    return [ORGANIZED.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
+
+
+# -- code fingerprints -------------------------------------------------------------------
+# the library beside this Snakefile (a copy of the project fingerprints its own code)
+LIBRARY_ROOT = workflow.basedir if os.path.isdir(os.path.join(workflow.basedir, "oattn_lib")) else None
+
+
+def code_version(rule_name, script):
+    """Param `code`: the fingerprint of the library code a rule's script runs
+    (oattn_lib.fingerprint), so that editing oattn_lib/questionnaire.py reruns organize and
+    what follows, and never training. Computed once here, at DAG build time.
+
+    With the code trigger off (`--rerun-triggers mtime params input`), the param keeps the
+    value recorded with the rule's outputs, so a code edit reruns nothing.
+    """
+    fp = f"{script}:{code_fingerprint(os.path.join(workflow.basedir, 'scripts', script + '.py'), LIBRARY_ROOT)}"
+    prefix = repr(f"{script}:")[:-1]
+
+    def version(wildcards):
+        # the rerun triggers are known once the DAG is built, not while rules are parsed
+        if RerunTrigger.CODE in workflow.rerun_triggers:
+            return fp
+        out = workflow.get_rule(rule_name).output[0].apply_wildcards(wildcards)
+        for value in workflow.persistence.params(out) or []:
+            if value.startswith(prefix):
+                return ast.literal_eval(value)
+        return fp
+
+    return version
 
 
 def checkpoint_input(wildcards):
@@ -66,7 +118,8 @@ GPU_RESOURCES = _gpu_resources()
 
 def analysis_mem_mb(wildcards, input, attempt):
     # the per-sample analysis holds a few copies of the tensor and its coefficients
-    size_mb = sum(os.path.getsize(os.path.join(dp, f)) for p in input
+    dirs = [os.path.dirname(p) if p.endswith("zarr.json") else p for p in input]
+    size_mb = sum(os.path.getsize(os.path.join(dp, f)) for p in dirs
                   for dp, _, fs in os.walk(p) for f in fs) / 1e6 if input else 100
     return int(1000 + 30 * size_mb) * attempt
 

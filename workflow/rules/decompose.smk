@@ -4,13 +4,14 @@
 
 rule decompose:
     input:
-        attention=f"{R}/{{model}}/attention/sample{{sample}}.zarr",
-        organized=f"{R}/{{model}}/organized/sample{{sample}}.zarr",
+        attention=ATTENTION,
+        organized=ORGANIZED,
     output:
-        store=directory(f"{R}/{{model}}/decomposed/sample{{sample}}.zarr"),
+        store=DECOMPOSED,
     params:
         analysis=analysis_params,
         decompose=config["decompose"],
+        code=code_version("decompose", "decompose"),
     log:
         f"{R}/logs/{{model}}/decompose_sample{{sample}}.log",
     benchmark:

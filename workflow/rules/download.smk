@@ -6,7 +6,6 @@
 localrules:
     download_wikitext103,
     download_cifar10,
-    download_vit_b_16_weights,
 
 
 DATA_ROOT = config["data_root"]
@@ -76,6 +75,9 @@ rule download_cifar10:
 
 
 if VIT_B_16_WEIGHTS:
+
+    localrules:
+        download_vit_b_16_weights,
 
     rule download_vit_b_16_weights:
         output:

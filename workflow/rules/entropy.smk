@@ -5,10 +5,11 @@ rule entropy:
     input:
         decomposed=decomposed_stores,
     output:
-        store=directory(f"{R}/{{model}}/entropy.zarr"),
+        store=ENTROPY,
     params:
         head_top_k=config["entropy"]["head_top_k"],
         network_top_k=config["entropy"]["network_top_k"],
+        code=code_version("entropy", "entropy"),
     log:
         f"{R}/logs/{{model}}/entropy.log",
     benchmark:
@@ -24,7 +25,7 @@ rule entropy:
 
 rule tables:
     input:
-        entropy=f"{R}/{{model}}/entropy.zarr",
+        entropy=ENTROPY,
     output:
         table1_csv=f"{R}/{{model}}/tables/table1.csv",
         table1_md=report(f"{R}/{{model}}/tables/table1.md", caption="../report/table1.rst",
@@ -34,6 +35,7 @@ rule tables:
                          category="Tables", subcategory="{model}"),
     params:
         fraction=config["entropy"]["fraction"],
+        code=code_version("tables", "tables"),
     log:
         f"{R}/logs/{{model}}/tables.log",
     threads: 1

@@ -7,10 +7,11 @@ rule extract:
         meta=f"{R}/{{model}}/data/meta.json",
         checkpoint=checkpoint_input,
     output:
-        store=directory(f"{R}/{{model}}/attention/sample{{sample}}.zarr"),
+        store=ATTENTION,
     params:
         model=extraction_params,
         device=config["device"],
+        code=code_version("extract", "extract"),
     log:
         f"{R}/logs/{{model}}/extract_sample{{sample}}.log",
     benchmark:

@@ -6,12 +6,13 @@ rule figures:
         attention=attention_stores,
         organized=organized_stores,
         decomposed=decomposed_stores,
-        entropy=f"{R}/{{model}}/entropy.zarr",
+        entropy=ENTROPY,
     output:
         **{f: report(f"{R}/{{model}}/figures/{f}.png", caption=f"../report/{f}.rst",
                      category="Figures", subcategory="{model}") for f in FIGURES},
     params:
         figures=config["figures"],
+        code=code_version("figures", "figures"),
     log:
         f"{R}/logs/{{model}}/figures.log",
     benchmark:

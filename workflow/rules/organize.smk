@@ -3,12 +3,13 @@
 
 rule organize:
     input:
-        attention=f"{R}/{{model}}/attention/sample{{sample}}.zarr",
+        attention=ATTENTION,
     output:
-        store=directory(f"{R}/{{model}}/organized/sample{{sample}}.zarr"),
+        store=ORGANIZED,
     params:
         analysis=analysis_params,
         organize=config["organize"],
+        code=code_version("organize", "organize"),
     log:
         f"{R}/logs/{{model}}/organize_sample{{sample}}.log",
     benchmark:

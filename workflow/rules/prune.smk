@@ -20,7 +20,7 @@ rule prune:
         meta=f"{R}/{{model}}/data/meta.json",
         checkpoint=checkpoint_input,
         attention=attention_stores,
-        entropy=f"{R}/{{model}}/entropy.zarr",
+        entropy=ENTROPY,
     output:
         curves=f"{R}/{{model}}/prune/curves.csv",
         rankings=f"{R}/{{model}}/prune/rankings.csv",
@@ -37,6 +37,7 @@ rule prune:
         model=prune_model_params,
         prune={k: v for k, v in config["prune"].items() if k != "enabled"},
         device=config["device"],
+        code=code_version("prune", "prune"),
     log:
         f"{R}/logs/{{model}}/prune.log",
     benchmark:

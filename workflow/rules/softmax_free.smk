@@ -51,6 +51,7 @@ rule softmax_free_train:
         seed=lambda w: int(w.seed),
         steps=SF["steps"],
         device=config["device"],
+        code=code_version("softmax_free_train", "softmax_free"),
     log:
         f"{R}/logs/softmax_free/{{model}}_{{attention}}_seed{{seed}}_train.log",
     benchmark:
@@ -87,6 +88,7 @@ rule softmax_free_analyse:
         head_top_k=config["entropy"]["head_top_k"],
         network_top_k=config["entropy"]["network_top_k"],
         device=config["device"],
+        code=code_version("softmax_free_analyse", "softmax_free"),
     log:
         f"{R}/logs/softmax_free/{{model}}_{{attention}}_seed{{seed}}_analyse.log",
     benchmark:
@@ -111,6 +113,7 @@ rule softmax_free_table:
         fig=report(f"{SF_DIR}/fig8.png", caption="../report/fig8.rst", category="Softmax-free"),
     params:
         runs=softmax_free_runs(),
+        code=code_version("softmax_free_table", "softmax_free"),
     log:
         f"{R}/logs/softmax_free/table5.log",
     threads: 1

@@ -1,0 +1,97 @@
+"""Stage `decompose`: bi-/tri-Haar expansions, random-tree baselines, the figure heads' 2-D
+organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+import xarray as xr
+
+from .. import store
+from ..diffusion import diffusion_map
+from ..entropy import l1_over_l2
+from ..haar import bihaar, haar_basis, trihaar
+from ..paraproduct import paraproduct
+from ..questionnaire import questionnaire2d
+from ..trees import random_tree
+from .common import load_network, load_organization, network_tensor, plain, unit_coords
+
+log = logging.getLogger("oattn")
+
+__all__ = ["decompose"]
+
+
+def _figure_units(figure_heads, n_layer, n_head) -> list[tuple[int, int]]:
+    units = []
+    for layer, head in figure_heads:
+        lay, hd = layer % n_layer if layer < 0 else layer, head % n_head if head < 0 else head
+        if not (0 <= lay < n_layer and 0 <= hd < n_head):
+            raise ValueError(f"decompose.figure_heads: ({layer}, {head}) is outside the model's "
+                             f"{n_layer} layers x {n_head} heads")
+        units.append((lay, hd))
+    return units
+
+
+def decompose(attention_store, organized_store, out, quantity: str, crop=None,
+              figure_heads=((0, 0),), questionnaire2d_iters: int = 10, random_tree_seeds: int = 3,
+              config_slice: dict | None = None, code: str | None = None) -> None:
+    """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
+    2-D organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6)."""
+    ds, x = load_network(attention_store, quantity, crop)
+    org, ods = load_organization(organized_store)
+    xv = torch.from_numpy(plain(x))
+    c2 = bihaar(xv, org.tree_q, org.tree_k)
+    c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h)
+    (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
+    rng = np.random.default_rng(0)
+    rand_l1, rand_ratio = [], []
+    for _ in range(random_tree_seeds):
+        cr = trihaar(xv, *(random_tree(n, rng) for n in xv.shape))
+        rand_l1.append(float(cr.abs().double().sum()))
+        rand_ratio.append(float(l1_over_l2(cr.reshape(-1), 0)))
+    n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
+    units = _figure_units(figure_heads, n_layer, n_head)
+    fig = {k: [] for k in ("original", "organized3d", "organized2d", "exact", "approx", "residual")}
+    rel, rel_unorg = [], []
+    # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed
+    logits = network_tensor(ds, "scores", crop)
+    for layer, head in units:
+        f = plain(x.sel(layer=layer, head=head))
+        g = plain(logits.sel(layer=layer, head=head)).astype(np.float64)
+        tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
+        pp = paraproduct(g, row_order=tr.order, col_order=tc.order)
+        pu = paraproduct(g)
+        fig["original"].append(f)
+        fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
+        fig["organized2d"].append(np.asarray(pp.organized))
+        fig["exact"].append(np.asarray(pp.exact))
+        fig["approx"].append(np.asarray(pp.approximation))
+        fig["residual"].append(np.asarray(pp.residual))
+        rel.append(float(pp.relative_residual))
+        rel_unorg.append(float(pu.relative_residual))
+    dm = diffusion_map(org.affinity_h, n_components=3)
+    fh = ("fig_head", "row", "col")
+    out_ds = xr.Dataset(
+        {"bihaar": (("qbasis", "kbasis", "unit"), c2.numpy()),
+         "trihaar": (("qbasis", "kbasis", "hbasis"), c3.numpy()),
+         "support_q": ("qbasis", sq), "level_q": ("qbasis", lq),
+         "support_k": ("kbasis", sk), "level_k": ("kbasis", lk),
+         "support_h": ("hbasis", sh), "level_h": ("hbasis", lh),
+         "network_l1": ((), float(c3.abs().double().sum())),
+         "network_l1_random": ((), float(np.mean(rand_l1))),
+         "network_sparsity_random": ((), float(np.mean(rand_ratio))),
+         "diffusion_coords": (("unit", "component"), np.asarray(dm.coords, dtype=np.float32)),
+         "diffusion_eigenvalues": ("eig", np.asarray(dm.eigenvalues, dtype=np.float64)),
+         **{f"fig_{k}": (fh, np.stack(v).astype(np.float32)) for k, v in fig.items()},
+         "fig_rel_residual": ("fig_head", np.array(rel)),
+         "fig_rel_residual_unorganized": ("fig_head", np.array(rel_unorg))},
+        coords={**unit_coords(x), "fig_layer": ("fig_head", [u[0] for u in units]),
+                "fig_head_index": ("fig_head", [u[1] for u in units])},
+        attrs={**{k: v for k, v in ds.attrs.items() if k in ("model", "sample", "kind")},
+               **store.provenance_attrs(config_slice or {}, ds.attrs.get("checkpoint_sha256"), code=code,
+                                        quantity=quantity)})
+    store.write_store(out_ds, out)
+    log.info("decomposed: network l1 %.4g (random trees %.4g); paraproduct residual %s (unorganized %s)",
+             out_ds["network_l1"].item(), out_ds["network_l1_random"].item(),
+             np.round(rel, 4).tolist(), np.round(rel_unorg, 4).tolist())

@@ -1,0 +1,36 @@
+"""Stage `organize`: the 3-D questionnaire of one sample (SPEC 3.2)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xarray as xr
+
+from .. import store
+from ..questionnaire import questionnaire3d
+from .common import load_network, plain, unit_coords
+
+log = logging.getLogger("oattn")
+
+__all__ = ["organize"]
+
+
+def organize(attention_store, out, quantity: str, crop=None, params: dict | None = None,
+             config_slice: dict | None = None, code: str | None = None) -> None:
+    """Run the 3-D questionnaire on one sample and store trees and affinities (SPEC 3.2)."""
+    params = dict(params or {})
+    ds, x = load_network(attention_store, quantity, crop)
+    org = questionnaire3d(plain(x), **params)
+    out_ds = xr.Dataset(
+        {"tree_q": (("level_q", "query"), org.tree_q.labels),
+         "tree_k": (("level_k", "key"), org.tree_k.labels),
+         "tree_h": (("level_h", "unit"), org.tree_h.labels),
+         "affinity_q": (("query", "query_"), org.affinity_q.astype(np.float32)),
+         "affinity_k": (("key", "key_"), org.affinity_k.astype(np.float32)),
+         "affinity_h": (("unit", "unit_"), org.affinity_h.astype(np.float32))},
+        coords={"query": x["query"].values, "key": x["key"].values, **unit_coords(x)},
+        attrs={**{k: v for k, v in ds.attrs.items() if k in ("model", "sample", "kind", "checkpoint_sha256")},
+               **store.provenance_attrs(config_slice or {}, ds.attrs.get("checkpoint_sha256"), code=code,
+                                        quantity=quantity)})
+    store.write_store(out_ds, out)
+    log.info("organized: levels q=%d k=%d h=%d", org.tree_q.n_levels, org.tree_k.n_levels, org.tree_h.n_levels)

@@ -1,0 +1,205 @@
+"""Reruns as a user meets them: the README's own commands, key order, code edits.
+
+Every test works on a copy of the project (Snakefile, workflow/, scripts/, oattn_lib/,
+README.md) holding the results of one completed run of the tiny config (`clean_run`), with
+the tiny config as its `config.yaml`, so that the README's commands run exactly as typed.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xarray as xr
+import yaml
+
+from wfutil import REPO, TINY, planned_jobs
+
+pytestmark = pytest.mark.workflow
+
+ANALYSIS_AFTER_ORGANIZE = {"organize": 6, "decompose": 6, "entropy": 3, "tables": 3, "figures": 3,
+                           "prune": 3, "summary": 1, "all": 1}
+
+
+@pytest.fixture(scope="module")
+def project(clean_run, tmp_path_factory):
+    root = tmp_path_factory.mktemp("project")
+    for name in ("Snakefile", "README.md"):
+        shutil.copy2(REPO / name, root / name)
+    for name in ("workflow", "scripts", "oattn_lib"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(clean_run / "results", root / "results")
+    shutil.copytree(clean_run / ".snakemake", root / ".snakemake",
+                    ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
+    (root / "config.yaml").write_text((clean_run / "config.yaml").read_text())
+    return root
+
+
+def run(project: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """A snakemake command line as a user types it, as a dry run, in `project`."""
+    if argv[0] not in ("snakemake", ".venv/bin/snakemake"):
+        raise ValueError(f"not a snakemake command: {argv}")
+    argv = [sys.executable, "-m", "snakemake", *argv[1:]]
+    if "-n" not in argv:
+        argv.append("-n")
+    return subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=600)
+
+
+def dry_run(project: Path, *args: str) -> dict[str, int]:
+    proc = run(project, ["snakemake", "--cores", "2", *args])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return planned_jobs(proc)
+
+
+# -- the README's commands -------------------------------------------------------------------
+RULES = {"prepare_data", "train", "extract", "organize", "decompose", "entropy", "tables", "figures",
+         "prune", "summary"}
+
+
+def readme_commands(text: str) -> list[tuple[str, set[str] | None]]:
+    """Every snakemake command the README shows (inline or in a code block), each with the
+    rules the README says it reruns: `reruns a, b and c only` -> {a, b, c, all}; `plans
+    nothing` -> empty; None where the README makes no such claim."""
+    found = []
+    for m in re.finditer(r"`((?:\.venv/bin/)?snakemake\b[^`]*)`", text):
+        rest = text[m.end():m.end() + 400]
+        claim_text = re.split(r"\n\s*\n|\n- |(?<=\.)\s", rest, maxsplit=1)[0]
+        claim = None
+        if re.search(r"\bplans\s+nothing\b", claim_text):
+            claim = set()
+        elif (r := re.search(r"\breruns\s+(.*?)\s+only\b", claim_text, re.S)):
+            names = set(re.split(r",\s*|\s+and\s+", re.sub(r"\s+", " ", r.group(1)).strip()))
+            unknown = names - RULES
+            assert not unknown, f"README claims reruns of unknown rules {unknown} after `{m.group(1)}`"
+            claim = names | {"all"}
+        found.append((m.group(1), claim))
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            cmd = line.split("#")[0].strip()
+            if re.match(r"(\.venv/bin/)?snakemake\b", cmd):
+                found.append((cmd, None))
+    return found
+
+
+def test_readme_commands_are_found():
+    cmds = readme_commands((REPO / "README.md").read_text())
+    text = " ".join(c for c, _ in cmds)
+    for needle in ("entropy='{head_top_k: 100}'", "organize='{n_iters: 2}'", "softmax_free",
+                   "--rerun-triggers mtime params input", "workflow/profiles/slurm"):
+        assert needle in text
+    claims = dict(cmds)
+    assert claims["snakemake -n"] == set()
+    assert sum(c is not None for _, c in cmds) >= 4
+
+
+@pytest.mark.parametrize("command, claim", readme_commands((REPO / "README.md").read_text()),
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_readme_command_runs_and_plans_what_the_readme_says(project, command, claim):
+    proc = run(project, shlex.split(command))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"`{command}` failed:\n{out[-4000:]}"
+    assert "localrules directive specifies rules that are not present" not in out
+    planned = planned_jobs(proc)
+    if claim is not None:
+        assert set(planned) == claim, f"`{command}` planned {planned}; the README says {sorted(claim)}"
+    if "softmax_free" in shlex.split(command):
+        # its own trainings: never the workflow's models again
+        assert planned.get("softmax_free_train", 0) > 0
+        assert not {"train", "extract", "organize"} & set(planned)
+    if "workflow/presets/paper.yaml" in command:
+        assert {"train", "extract", "organize", "decompose"} <= set(planned)
+
+
+def test_changed_n_iters_reruns_organize_and_after_never_training(project):
+    jobs = dry_run(project, "--config", "organize={n_iters: 2}")
+    assert jobs == ANALYSIS_AFTER_ORGANIZE
+
+
+# -- the same config in another form -----------------------------------------------------------
+def _reordered(value):
+    if isinstance(value, dict):
+        return {k: _reordered(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reordered(v) for v in value]
+    return value
+
+
+def test_reordered_keys_and_rewritten_numbers_plan_nothing(project, tmp_path):
+    cfg = _reordered(yaml.safe_load((project / "config.yaml").read_text()))
+    text = yaml.safe_dump(cfg, sort_keys=False)
+    assert "lr: 0.005" in text and "lr: 0.003" in text
+    # the same numbers written another way: a float in exponent form, a string YAML 1.1 leaves unparsed
+    text = text.replace("lr: 0.005", "lr: 5.0e-3").replace("lr: 0.003", "lr: 3e-3")
+    (tmp_path / "reordered.yaml").write_text(text)
+    assert yaml.safe_load(text)["models"][-1]["train"]["lr"] == "3e-3"
+    assert dry_run(project, "--configfile", str(tmp_path / "reordered.yaml")) == {}
+
+
+# -- code edits ------------------------------------------------------------------------------
+class Edit:
+    """Edit a file of the project copy; undo restores it byte for byte."""
+
+    def __init__(self, path: Path):
+        self.path, self.original = path, path.read_text()
+
+    def replace(self, old: str, new: str) -> None:
+        text = self.path.read_text()
+        assert old in text, f"{old!r} not in {self.path}"
+        self.path.write_text(text.replace(old, new, 1))
+
+    def undo(self) -> None:
+        self.path.write_text(self.original)
+
+
+def test_editing_the_questionnaire_reruns_organize_and_after_and_undoing_it_nothing(project):
+    edit = Edit(project / "oattn_lib" / "questionnaire.py")
+    try:
+        # a real change to the code organize runs (a dead store is still a different program)
+        edit.replace("def questionnaire3d(", "_EDITED = True\n\n\ndef questionnaire3d(")
+        assert dry_run(project) == ANALYSIS_AFTER_ORGANIZE
+        # the opt-out the README documents
+        assert dry_run(project, "--rerun-triggers", "mtime", "params", "input") == {}
+    finally:
+        edit.undo()
+    assert dry_run(project) == {}
+
+
+def test_editing_plots_reruns_the_figures_only(project):
+    edit = Edit(project / "oattn_lib" / "plots.py")
+    try:
+        edit.replace("DPI = ", "_EDITED = True\nDPI = ")
+        assert dry_run(project) == {"figures": 3, "prune": 3, "summary": 1, "all": 1}
+    finally:
+        edit.undo()
+    assert dry_run(project) == {}
+
+
+def test_comment_and_docstring_edits_rerun_nothing(project):
+    edit = Edit(project / "oattn_lib" / "questionnaire.py")
+    try:
+        edit.replace("def questionnaire3d(", "# a comment a user adds\ndef questionnaire3d(")
+        edit.replace('"""', '"""Reworded. ', 1)
+        assert dry_run(project) == {}
+    finally:
+        edit.undo()
+
+
+# -- what the stores record ----------------------------------------------------------------------
+def test_stores_record_their_code_and_hold_nothing_foreign(clean_run):
+    from oattn_lib.fingerprint import code_fingerprint
+    res = clean_run / "results"
+    stores = sorted(res.glob("*/*/sample*.zarr")) + sorted(res.glob("*/entropy.zarr"))
+    assert len(stores) == 3 * (3 * 2 + 1)
+    for path in stores:
+        assert not (path / ".snakemake_timestamp").exists(), path
+        # a user opens a store the README's way without any warning (pytest turns zarr's into errors)
+        ds = xr.open_zarr(path, consolidated=False)
+        stage = {"attention": "extract", "organized": "organize", "decomposed": "decompose"}.get(
+            path.parent.name, "entropy")
+        expect = code_fingerprint(REPO / "scripts" / f"{stage}.py", REPO)
+        assert ds.attrs["code"] == f"{stage}:{expect}", path
+        assert "config" in ds.attrs
