@@ -131,9 +131,9 @@ def _register_gated_attention() -> str:
 @contextlib.contextmanager
 def _hf_gated(model) -> Iterator[None]:
     """Run `model` with the gated attention function inside the block, then restore."""
-    from .models.hf import _attn_implementation, supports_attention_interface
+    from .models.hf import attn_implementation, supports_attention_interface
 
-    before = _attn_implementation(model)
+    before = attn_implementation(model)
     if before == GATED_ATTENTION:
         yield
         return

@@ -21,7 +21,11 @@ def setup_logging(log_path: str | os.PathLike | None, threads: int | None = None
     """
     if threads:
         torch.set_num_threads(int(threads))
-        os.environ.setdefault("NUMBA_NUM_THREADS", str(int(threads)))
+        # numba's pool is sized when numba is imported (a stage module may already have
+        # done so); changing NUMBA_NUM_THREADS afterwards is an error, so cap it at run time
+        import numba
+
+        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for h in list(root.handlers):

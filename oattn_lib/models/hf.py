@@ -37,7 +37,7 @@ import torch
 ATTN_IMPLEMENTATION = "oattn_eager_record"
 """Name under which the recording attention function is registered in transformers."""
 
-from .files import MINILM_ALIASES, MINILM_PACKAGE, is_offline as _offline, minilm_path  # noqa: F401
+from .files import MINILM_ALIASES, MINILM_PACKAGE, is_offline, minilm_path  # noqa: F401
 
 
 # --------------------------------------------------------------------------- recording
@@ -164,7 +164,7 @@ def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.
     if path_or_name in MINILM_ALIASES or path_or_name.lower() in {a.lower() for a in MINILM_ALIASES}:
         path_or_name = minilm_path()
     if local_files_only is None:
-        local_files_only = Path(path_or_name).is_dir() or _offline()
+        local_files_only = Path(path_or_name).is_dir() or is_offline()
 
     config = AutoConfig.from_pretrained(path_or_name, local_files_only=local_files_only)
     model_class = None
@@ -191,7 +191,8 @@ def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.
 
 # --------------------------------------------------------------------------- extraction
 
-def _attn_implementation(model) -> str | None:
+def attn_implementation(model) -> str | None:
+    """The attention implementation a loaded transformers model dispatches to (or None)."""
     impl = getattr(model.config, "_attn_implementation", None)
     return impl if isinstance(impl, str) or impl is None else next(iter(impl.values()), None)
 
@@ -231,7 +232,7 @@ def hf_attention(model, tokenizer, texts: list[str], max_length: int = 128) -> d
     All tensors are on the CPU.
     """
     enc = _encode(model, tokenizer, texts, max_length)
-    impl = _attn_implementation(model)
+    impl = attn_implementation(model)
     with torch.no_grad():
         if impl == ATTN_IMPLEMENTATION:
             with record_attention() as record:
