@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from oattn_lib.config import ConfigError, validate_config
+from wfutil import reordered
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
@@ -71,17 +72,9 @@ def test_strings_that_do_not_parse_stay_errors_naming_the_key(config, edit, expe
     assert expect in str(err.value)
 
 
-def _reordered(value):
-    if isinstance(value, dict):
-        return {k: _reordered(value[k]) for k in reversed(list(value))}
-    if isinstance(value, list):
-        return [_reordered(v) for v in value]
-    return value
-
-
 def test_same_values_in_another_order_and_form_give_the_same_config(config):
     a = copy.deepcopy(config)
-    b = _reordered(copy.deepcopy(config))
+    b = reordered(copy.deepcopy(config))
     b["models"][0]["train"]["lr"] = "2.5e-3"          # 0.0025 written another way
     b["organize"]["n_iters"] = 3.0                    # an integer key given as a float
     b["organize"]["alpha"] = 0                        # a number key given as an int

@@ -17,7 +17,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from wfutil import REPO, TINY, planned_jobs
+from wfutil import REPO, planned_jobs, reordered
 
 pytestmark = pytest.mark.workflow
 
@@ -120,22 +120,14 @@ def test_changed_n_iters_reruns_organize_and_after_never_training(project):
 
 
 # -- the same config in another form -----------------------------------------------------------
-def _reordered(value):
-    if isinstance(value, dict):
-        return {k: _reordered(value[k]) for k in reversed(list(value))}
-    if isinstance(value, list):
-        return [_reordered(v) for v in value]
-    return value
-
-
 def test_reordered_keys_and_rewritten_numbers_plan_nothing(project, tmp_path):
-    cfg = _reordered(yaml.safe_load((project / "config.yaml").read_text()))
+    cfg = reordered(yaml.safe_load((project / "config.yaml").read_text()))
     text = yaml.safe_dump(cfg, sort_keys=False)
     assert "lr: 0.005" in text and "lr: 0.003" in text
     # the same numbers written another way: a float in exponent form, a string YAML 1.1 leaves unparsed
     text = text.replace("lr: 0.005", "lr: 5.0e-3").replace("lr: 0.003", "lr: 3e-3")
     (tmp_path / "reordered.yaml").write_text(text)
-    assert yaml.safe_load(text)["models"][-1]["train"]["lr"] == "3e-3"
+    assert yaml.safe_load(text)["models"][1]["train"]["lr"] == "3e-3"
     assert dry_run(project, "--configfile", str(tmp_path / "reordered.yaml")) == {}
 
 
@@ -182,7 +174,7 @@ def test_comment_and_docstring_edits_rerun_nothing(project):
     edit = Edit(project / "oattn_lib" / "questionnaire.py")
     try:
         edit.replace("def questionnaire3d(", "# a comment a user adds\ndef questionnaire3d(")
-        edit.replace('"""', '"""Reworded. ', 1)
+        edit.replace('"""', '"""Reworded. ')
         assert dry_run(project) == {}
     finally:
         edit.undo()

@@ -62,3 +62,10 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
     return jobs
 
 
+def reordered(value):
+    """`value` with every mapping's keys in reverse order: the same config, written otherwise."""
+    if isinstance(value, dict):
+        return {k: reordered(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [reordered(v) for v in value]
+    return value
