@@ -44,6 +44,39 @@ def test_basis_is_orthonormal(tree):
     assert np.argsort(-support, kind="stable")[0] == 0
 
 
+def test_basis_written_out_by_hand():
+    # Root children in sibling order: A = {3} (size 1), B = {1, 4, 5} (size 3),
+    # C = {0, 2} (size 2). At level 2, B splits into B1 = {1} and B2 = {4, 5}, while A
+    # and C are carried down unchanged; at level 3, B2 and C split into singletons.
+    tree = PartitionTree(np.array([[0, 0, 0, 0, 0, 0],
+                                   [2, 1, 2, 0, 1, 1],
+                                   [3, 1, 3, 0, 2, 2],
+                                   [4, 1, 5, 0, 2, 3]]))
+    b, support, level = haar_basis(tree)
+    r2, r6 = np.sqrt(2), np.sqrt(6)
+    want = np.array([
+        # constant
+        [1, 1, 1, 1, 1, 1] / r6,
+        # root, children by size: B (3), C (2), A (1); vector 1: S_1 = 2 + 1 = 3 on B,
+        # -s_1 = -3 on C and A; vector 2: S_2 = 1 on C, -s_2 = -2 on A
+        [-3, 3, -3, -3, 3, 3] / np.sqrt(54),
+        [1, 0, 1, -2, 0, 0] / r6,
+        # level 1: only B has two children; B2 (size 2) gets S_1 = 1, B1 gets -2
+        [0, -2, 0, 0, 1, 1] / r6,
+        # level 2, by smallest item: C (item 0) before B2 (item 4), although B2 comes
+        # first in the leaf order; and C, one level deeper than B, comes after B
+        [1, 0, -1, 0, 0, 0] / r2,
+        [0, 0, 0, 0, 1, -1] / r2,
+    ]).T
+    # two children of equal size leave their order, hence the sign, open (SPEC 2)
+    tied = [4, 5]
+    for j in range(6):
+        got = b[:, j] * (np.sign(b[:, j] @ want[:, j]) if j in tied else 1.0)
+        np.testing.assert_allclose(got, want[:, j], atol=1e-12, err_msg=f"column {j}")
+    assert support.tolist() == [6, 6, 6, 3, 2, 2]
+    assert level.tolist() == [0, 0, 0, 1, 2, 2]
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 16, 33, 197])
 def test_exact_inverse_float32(n):
     rng = np.random.default_rng(n)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from oattn_lib.trees import PartitionTree, balanced_tree, flexible_tree, random_tree
+from oattn_lib.trees import PartitionTree, _greedy_merge, balanced_tree, flexible_tree, random_tree
 
 
 def assert_valid_tree(t: PartitionTree):
@@ -97,12 +97,117 @@ def test_flexible_tree_smooth_order_on_a_line():
 
 
 def test_flexible_tree_degenerate_inputs_terminate():
+    # constant affinity: every distance 0; identity: disconnected; zeros: no edges at all
     for a in (np.ones((30, 30)), np.eye(30), np.zeros((5, 5))):
         t = flexible_tree(a)
         assert_valid_tree(t)
-        assert t.n_levels <= 30
     assert flexible_tree(np.ones((1, 1))).n_levels == 1
     assert flexible_tree(np.ones((2, 2))).n_levels == 2
+
+
+# -- the greedy merge of one level (SPEC 1.1 step 4) on hand-built distance matrices ------
+def merged(dist, constant=1.0):
+    """The groups _greedy_merge forms, as a set of frozensets of node indices."""
+    group = _greedy_merge(np.asarray(dist, dtype=float), constant)
+    assert group.shape == (len(dist),)
+    return {frozenset(np.flatnonzero(group == g).tolist()) for g in np.unique(group)}
+
+
+def line(positions):
+    x = np.asarray(positions, dtype=float)
+    return np.abs(x[:, None] - x[None, :])
+
+
+def test_greedy_merge_stops_at_the_median():
+    # points at 0, 1, 2, 3, 10, 30. With the 999 diagonal the median of the 36 entries is
+    # the mean of the 9th and 10th smallest pair distances, (9 + 10) / 2 = 9.5. The four
+    # close points form one group (each joins at distance 1 < 9.5 * 2^(1 - s)), the point
+    # at 10 is refused by that group, and the point at 30 is nearest to the point at 10
+    # at distance 20 >= 9.5, so the level stops there. Without the stop the last two,
+    # both still single, would pair up (two singletons always merge).
+    assert merged(line([0, 1, 2, 3, 10, 30])) == {frozenset({0, 1, 2, 3}), frozenset({4}),
+                                                  frozenset({5})}
+    # the stop also applies to the next-nearest neighbour a refused node tries: points at
+    # 0, 6, 8, 17 (median (9 + 11) / 2 = 10). Nodes 1 and 2 pair up; node 0 (nearest 6)
+    # and node 3 (nearest 9) are refused by that pair (6 and 9 >= 10 / 2), and node 3's
+    # next single neighbour, node 0, is at 17 >= 10: both stay single, not (0, 3)
+    assert merged(line([0, 6, 8, 17])) == {frozenset({0}), frozenset({1, 2}), frozenset({3})}
+
+
+def test_greedy_merge_needs_one_merge_before_the_median_stop():
+    # every distance equals the median, so only the rule "at least one merge has happened"
+    # lets the first pair merge; the third node then stops the level
+    d = np.ones((3, 3))
+    assert merged(d) == {frozenset({0, 1}), frozenset({2})}
+
+
+def test_greedy_merge_size_penalty():
+    # points at 0, 1, 2, 4: pair distances 1, 1, 2, 2, 3, 4; median of the 16 entries
+    # (4 diagonal 999s) = (2 + 3) / 2 = 2.5 = penalty (c = 1). Nodes 0 and 1 pair up;
+    # node 2 joins their group of 2 since 1 < 2.5 * 2^(1 - 2) = 1.25; node 3 is refused
+    # by the group of 3 since 2 >= 2.5 * 2^(1 - 3) = 0.625, and its next neighbour (3)
+    # is beyond the median. No size factor would let node 3 in (2 < 2.5); a factor
+    # 2^(1 - 1 - s2) would refuse node 2 (1 >= 0.625), which then pairs with node 3;
+    # a median without the diagonal (2) would refuse node 2 and stop.
+    assert merged(line([0, 1, 2, 4])) == {frozenset({0, 1, 2}), frozenset({3})}
+    # a smaller constant raises the penalty (med / c): node 3 now joins (2 < 10 / 4)
+    assert merged(line([0, 1, 2, 4]), constant=0.25) == {frozenset({0, 1, 2, 3})}
+
+
+def test_greedy_merge_tries_the_next_nearest_neighbour():
+    # nodes 0-2: a cluster (distance 1); nodes 3-4: a pair (distance 1); node 5 is 2.5
+    # from node 0, 3 from node 3, 3.5 from node 4 and 6 from nodes 1, 2; the rest 10.
+    d = np.full((6, 6), 10.0)
+    for (a, b), v in {(0, 1): 1, (0, 2): 1, (1, 2): 1, (3, 4): 1, (0, 5): 2.5, (3, 5): 3,
+                      (4, 5): 3.5, (1, 5): 6, (2, 5): 6}.items():
+        d[a, b] = d[b, a] = v
+    # median = mean of the 9th and 10th smallest pair distances = (6 + 10) / 2 = 8.
+    # Node 5 comes last: its nearest group {0, 1, 2} refuses it (2.5 >= 8 * 2^(1 - 3)),
+    # then its next-nearest neighbour, node 3 at 3 (within 2 * 2.5 and below 8), is in
+    # a group of 2 that accepts it (3 < 8 * 2^(1 - 2)). Giving up after the first
+    # refusal would leave node 5 single.
+    assert merged(d) == {frozenset({0, 1, 2}), frozenset({3, 4, 5})}
+
+
+def test_greedy_merge_next_nearest_only_if_comparably_near():
+    # nodes 0-2: a tight cluster (distance 1); node 3 is 3 from node 2 and 4 from nodes
+    # 0 and 1; node 4 is 7 from node 3 and 5 from node 5; every other pair is far.
+    big = 20.0
+    d = np.full((6, 6), big)
+    for (a, b), v in {(0, 1): 1, (0, 2): 1, (1, 2): 1, (2, 3): 3, (0, 3): 4, (1, 3): 4,
+                      (3, 4): 7, (4, 5): 5, (3, 5): 10, (2, 4): 12}.items():
+        d[a, b] = d[b, a] = v
+    # median of the 36 entries = mean of the 9th and 10th smallest pair distances
+    # (10 + 12) / 2 = 11. The cluster forms first; node 3 is refused by it (3 >= 11 / 4,
+    # and 4 >= 11 / 4); its next neighbour, node 4 at 7, is more than twice its nearest
+    # distance 3, so node 3 stays single, and node 4 then pairs with node 5. Trying node 4
+    # anyway (no 2x rule, or a 3x one) would pair 3 with 4 (7 < 11).
+    assert merged(d) == {frozenset({0, 1, 2}), frozenset({3}), frozenset({4, 5})}
+
+
+@pytest.mark.parametrize("kind", ["curve", "cloud"])
+def test_flexible_tree_size_at_256(kind):
+    # SPEC 1.1: n = 256 gives about 10 levels and about 2n folders. A tree of pairs has
+    # log2(256) + 1 = 9 levels and 2n - 1 folders, one of triples log3(256) + 1 = 6 and
+    # 1.5n; the flexible tree merges pairs and triples (a singleton joins a group of s
+    # nodes only within med * 2^(1 - s)) and carries isolated nodes up unchanged (a
+    # folder on two levels counts twice here). Measured: curve 8 levels and 1.53n
+    # folders; 5-D cloud 10 levels and 1.70n. The band 7-12 levels, 1.4n-2.3n folders
+    # holds both; merging without the size penalty gives 5-6 levels, one merge per level
+    # about n levels.
+    rng = np.random.default_rng(0)
+    if kind == "curve":
+        s = rng.random(256) * 2 * np.pi
+        pts = np.stack([np.cos(s), np.sin(2 * s), 0.3 * s], axis=1)
+    else:
+        pts = rng.random((256, 5))
+    d2 = ((pts[:, None] - pts[None]) ** 2).sum(-1)
+    scale = 0.1 if kind == "curve" else 0.3
+    t = flexible_tree(np.exp(-d2 / (scale * np.median(d2))))
+    assert_valid_tree(t)
+    n_folders = sum(t.n_folders(lev) for lev in range(t.n_levels))
+    assert 7 <= t.n_levels <= 12, t
+    assert 1.4 * 256 <= n_folders <= 2.3 * 256, n_folders
 
 
 def test_bad_trees_and_affinities_raise():
