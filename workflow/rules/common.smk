@@ -74,7 +74,8 @@ def code_version(rule_name, script):
 
     def version(wildcards):
         # the rerun triggers are known once the DAG is built, not while rules are parsed
-        if RerunTrigger.CODE in workflow.rerun_triggers:
+        settings = workflow.dag_settings
+        if settings is None or RerunTrigger.CODE in settings.rerun_triggers:
             return fp
         out = workflow.get_rule(rule_name).output[0].apply_wildcards(wildcards)
         for value in workflow.persistence.params(out) or []:
