@@ -117,11 +117,6 @@ def _coerce(value, schema: dict, root: dict, validator_cls):
             sub = props.get(key) or (extra[0] if extra else None)
             if sub is not None:
                 value[key] = _coerce(value[key], sub, root, validator_cls)
-        # conditional subschemas (if/then on `kind`) apply once the keys they test are coerced
-        for s in _subschemas(value, schema, root, validator_cls):
-            for key, sub in s.get("properties", {}).items():
-                if key in value and sub is not props.get(key):
-                    value[key] = _coerce(value[key], sub, root, validator_cls)
     elif isinstance(value, list):
         items = [s["items"] for s in schemas if isinstance(s.get("items"), dict)]
         if items:

@@ -35,7 +35,6 @@ import xarray as xr
 from . import plots, store
 from .data.images import vit_images
 from .models.checkpoint import build_model, load_checkpoint, save_checkpoint
-from .plots import new_figure, styled
 from .runtime import resolve_device
 from .stages.decompose import decompose
 from .stages.entropy import entropy
@@ -294,12 +293,12 @@ def fig8_softmax_free(dists: dict):
     dists: {(model, attention): {"entropy": (n,), "sparsity": (n,), "paraproduct": (n, 2) or None}}.
     """
 
-    @styled
+    @plots.styled
     def build():
         models = list(dict.fromkeys(m for m, _ in dists))
         has_pp = any(v["paraproduct"] is not None for v in dists.values())
         ncol = 3 if has_pp else 2
-        fig = new_figure(4.2 * ncol, 3.4 * len(models))
+        fig = plots.new_figure(4.2 * ncol, 3.4 * len(models))
         axes = np.atleast_2d(fig.subplots(len(models), ncol, squeeze=False))
         for i, model in enumerate(models):
             names = [a for (m, a) in dists if m == model]

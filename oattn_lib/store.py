@@ -15,7 +15,6 @@ import os
 import shutil
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -133,10 +132,7 @@ def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: t
     if not path.exists():
         raise StoreError(f"{path}: store does not exist")
     try:
-        with warnings.catch_warnings():
-            # Snakemake marks directory outputs with a .snakemake_timestamp file
-            warnings.filterwarnings("ignore", message=".*snakemake_timestamp.*")
-            ds = xr.open_zarr(path, consolidated=False)
+        ds = xr.open_zarr(path, consolidated=False)
     except Exception as exc:
         raise StoreError(f"{path}: cannot open as a zarr store ({type(exc).__name__}: {exc}); "
                          "delete it so the workflow regenerates it") from exc

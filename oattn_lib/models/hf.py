@@ -37,7 +37,7 @@ import torch
 ATTN_IMPLEMENTATION = "oattn_eager_record"
 """Name under which the recording attention function is registered in transformers."""
 
-from .files import MINILM_ALIASES, MINILM_PACKAGE, is_offline, minilm_path  # noqa: F401
+from .files import is_minilm_alias, is_offline, minilm_path
 
 
 # --------------------------------------------------------------------------- recording
@@ -161,7 +161,7 @@ def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise ValueError(f"path_or_name: expected a path or model name, got {type(path_or_name).__name__}")
     path_or_name = str(path_or_name)
-    if path_or_name in MINILM_ALIASES or path_or_name.lower() in {a.lower() for a in MINILM_ALIASES}:
+    if is_minilm_alias(path_or_name):
         path_or_name = minilm_path()
     if local_files_only is None:
         local_files_only = Path(path_or_name).is_dir() or is_offline()

@@ -61,7 +61,7 @@ def organized_stores(wildcards):
 LIBRARY_ROOT = workflow.basedir if os.path.isdir(os.path.join(workflow.basedir, "oattn_lib")) else None
 
 
-def code_version(rule_name, script):
+def code_version(rule_name, script=None):
     """Param `code`: the fingerprint of the library code a rule's script runs
     (oattn_lib.fingerprint), so that editing oattn_lib/questionnaire.py reruns organize and
     what follows, and never training. Computed once here, at DAG build time.
@@ -69,6 +69,7 @@ def code_version(rule_name, script):
     With the code trigger off (`--rerun-triggers mtime params input`), the param keeps the
     value recorded with the rule's outputs, so a code edit reruns nothing.
     """
+    script = script or rule_name
     fp = f"{script}:{code_fingerprint(os.path.join(workflow.basedir, 'scripts', script + '.py'), LIBRARY_ROOT)}"
     prefix = repr(f"{script}:")[:-1]
 

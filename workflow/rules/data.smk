@@ -11,7 +11,7 @@ rule prepare_data:
         kind=lambda w: model_cfg(w)["kind"],
         data=lambda w: model_cfg(w)["data"],
         data_root=config["data_root"],
-        code=code_version("prepare_data", "prepare_data"),
+        code=code_version("prepare_data"),
     log:
         f"{R}/logs/{{model}}/prepare_data.log",
     benchmark:

@@ -11,7 +11,7 @@ rule decompose:
     params:
         analysis=analysis_params,
         decompose=config["decompose"],
-        code=code_version("decompose", "decompose"),
+        code=code_version("decompose"),
     log:
         f"{R}/logs/{{model}}/decompose_sample{{sample}}.log",
     benchmark:

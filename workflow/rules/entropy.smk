@@ -9,7 +9,7 @@ rule entropy:
     params:
         head_top_k=config["entropy"]["head_top_k"],
         network_top_k=config["entropy"]["network_top_k"],
-        code=code_version("entropy", "entropy"),
+        code=code_version("entropy"),
     log:
         f"{R}/logs/{{model}}/entropy.log",
     benchmark:
@@ -35,7 +35,7 @@ rule tables:
                          category="Tables", subcategory="{model}"),
     params:
         fraction=config["entropy"]["fraction"],
-        code=code_version("tables", "tables"),
+        code=code_version("tables"),
     log:
         f"{R}/logs/{{model}}/tables.log",
     threads: 1

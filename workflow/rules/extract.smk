@@ -11,7 +11,7 @@ rule extract:
     params:
         model=extraction_params,
         device=config["device"],
-        code=code_version("extract", "extract"),
+        code=code_version("extract"),
     log:
         f"{R}/logs/{{model}}/extract_sample{{sample}}.log",
     benchmark:

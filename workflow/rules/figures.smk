@@ -12,7 +12,7 @@ rule figures:
                      category="Figures", subcategory="{model}") for f in FIGURES},
     params:
         figures=config["figures"],
-        code=code_version("figures", "figures"),
+        code=code_version("figures"),
     log:
         f"{R}/logs/{{model}}/figures.log",
     benchmark:

@@ -9,7 +9,7 @@ rule organize:
     params:
         analysis=analysis_params,
         organize=config["organize"],
-        code=code_version("organize", "organize"),
+        code=code_version("organize"),
     log:
         f"{R}/logs/{{model}}/organize_sample{{sample}}.log",
     benchmark:

@@ -37,7 +37,7 @@ rule prune:
         model=prune_model_params,
         prune={k: v for k, v in config["prune"].items() if k != "enabled"},
         device=config["device"],
-        code=code_version("prune", "prune"),
+        code=code_version("prune"),
     log:
         f"{R}/logs/{{model}}/prune.log",
     benchmark:

@@ -22,7 +22,7 @@ rule summary:
         md=report(f"{R}/summary.md", caption="../report/summary.rst", category="Summary"),
     params:
         models=list(MODELS),
-        code=code_version("summary", "summary"),
+        code=code_version("summary"),
     log:
         f"{R}/logs/summary.log",
     threads: 1

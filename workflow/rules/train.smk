@@ -17,7 +17,7 @@ rule train:
         data=lambda w: model_cfg(w)["data"],
         pretrained=lambda w: model_cfg(w)["pretrained"],
         device=config["device"],
-        code=code_version("train", "train"),
+        code=code_version("train"),
     log:
         f"{R}/logs/{{model}}/train.log",
     benchmark:
