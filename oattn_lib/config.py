@@ -9,11 +9,15 @@ from __future__ import annotations
 import copy
 import math
 import re
+from pathlib import Path
 
 import yaml
 
-__all__ = ["ConfigError", "validate_config", "check_config", "coerce_config", "canonical", "n_tokens",
-           "n_units"]
+__all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
+           "complete_model", "n_tokens", "n_units"]
+
+# the workflow's schema, the one place defaults live
+SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -184,18 +188,17 @@ def validate_config(config: dict, schema_path: str) -> None:
 
 def n_tokens(model: dict) -> int | None:
     """Tokens per sample (query = key axis length) when known before running the model."""
-    kind, arch, ex = model["kind"], model.get("arch", {}), model.get("extract", {})
+    kind, arch, ex = model["kind"], model["arch"], model["extract"]
     if kind == "txl":
-        n = arch.get("tgt_len", 64)
+        n = arch["tgt_len"]
     elif kind == "vit":
-        if arch.get("variant") == "vit_b_16":
+        if arch["variant"] == "vit_b_16":
             n = 197
         else:
-            size = model.get("data", {}).get("image_size", 32)
-            patch = arch.get("patch_size", 4)
+            size, patch = model["data"]["image_size"], arch["patch_size"]
             n = (size // patch) ** 2 + 1
     else:
-        n = ex.get("max_length", 128)
+        n = ex["max_length"]
     crop = ex.get("crop")
     if crop:
         n = min(n, crop[1]) - crop[0]
@@ -204,13 +207,13 @@ def n_tokens(model: dict) -> int | None:
 
 def n_units(model: dict) -> tuple[int, int] | None:
     """(layers, heads) when known from the config (txl, vit); None for hf models."""
-    arch = model.get("arch", {})
+    arch = model["arch"]
     if model["kind"] == "txl":
-        return arch.get("n_layer", 4), arch.get("n_head", 4)
+        return arch["n_layer"], arch["n_head"]
     if model["kind"] == "vit":
-        if arch.get("variant") == "vit_b_16":
+        if arch["variant"] == "vit_b_16":
             return 12, 12
-        return arch.get("num_layers", 4), arch.get("num_heads", 4)
+        return arch["num_layers"], arch["num_heads"]
     return None
 
 
@@ -219,7 +222,7 @@ def check_config(config: dict) -> None:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"models[].name: {dup} used more than once; model names must be unique")
-    ent = config.get("entropy", {})
+    ent = config["entropy"]
     for i, m in enumerate(config["models"]):
         where = f"models[{i}] ({m['name']})"
         if m["kind"] == "hf":
@@ -229,30 +232,42 @@ def check_config(config: dict) -> None:
             if problem:
                 raise ConfigError(f"models[{i}].path: {problem}; allowed: a directory with a config.json, "
                                   "the alias 'minilm', or (online) a Hugging Face hub id")
-        arch = m.get("arch", {})
-        if m["kind"] == "vit" and arch.get("variant", "custom") == "custom":
-            size, patch = m.get("data", {}).get("image_size", 32), arch.get("patch_size", 4)
+        arch = m["arch"]
+        if m["kind"] == "vit" and arch["variant"] == "custom":
+            size, patch = m["data"]["image_size"], arch["patch_size"]
             if size % patch:
                 raise ConfigError(f"{where}.arch.patch_size: {patch} must divide data.image_size {size}")
-            if arch.get("hidden_dim", 64) % arch.get("num_heads", 4):
+            if arch["hidden_dim"] % arch["num_heads"]:
                 raise ConfigError(f"{where}.arch.num_heads: must divide arch.hidden_dim "
-                                  f"{arch.get('hidden_dim', 64)}")
-        crop = m.get("extract", {}).get("crop")
+                                  f"{arch['hidden_dim']}")
+        crop = m["extract"].get("crop")
         if crop and not crop[0] < crop[1]:
             raise ConfigError(f"{where}.extract.crop: start {crop[0]} must be below stop {crop[1]}")
         n = n_tokens(m)
         units = n_units(m)
-        top = ent.get("head_top_k", 400)
+        top = ent["head_top_k"]
         if n * n < top:
             raise ConfigError(f"entropy.head_top_k: {top} exceeds the {n} x {n} = {n * n} bi-Haar "
                               f"coefficients of {where}; allowed: 1..{n * n}")
         if units is not None:
             total = n * n * units[0] * units[1]
-            if total < ent.get("network_top_k", 100):
-                raise ConfigError(f"entropy.network_top_k: {ent.get('network_top_k')} exceeds the {total} "
+            if total < ent["network_top_k"]:
+                raise ConfigError(f"entropy.network_top_k: {ent['network_top_k']} exceeds the {total} "
                                   f"tri-Haar coefficients of {where}; allowed: 1..{total}")
-            for layer, head in config.get("decompose", {}).get("figure_heads", []):
+            for layer, head in config["decompose"]["figure_heads"]:
                 if not (-units[0] <= layer < units[0] and -units[1] <= head < units[1]):
                     raise ConfigError(f"decompose.figure_heads: ({layer}, {head}) is outside {where}'s "
                                       f"{units[0]} layers x {units[1]} heads; allowed: layer in "
                                       f"-{units[0]}..{units[0] - 1}, head in -{units[1]}..{units[1] - 1}")
+
+
+def complete_model(model: dict, schema_path=SCHEMA, **sections) -> dict:
+    """One entry of `models` as a stage receives it from the workflow: every default filled in
+    from the schema, validated and canonical. For calling the stages from Python (notebooks,
+    tests) with only the keys that matter; `sections` are other top-level config sections
+    the checks read (for example `entropy={"head_top_k": 16}` for a small model).
+    """
+    config = {"models": [{"extract": {}, **copy.deepcopy(model)}], **copy.deepcopy(sections)}
+    validate_config(config, str(schema_path))
+    return config["models"][0]
+

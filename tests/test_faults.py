@@ -19,6 +19,7 @@ import torch
 import xarray as xr
 
 from oattn_lib import store
+from oattn_lib.config import complete_model
 from oattn_lib.stages.data import prepare_data
 from oattn_lib.stages.decompose import decompose
 from oattn_lib.stages.entropy import entropy
@@ -167,10 +168,12 @@ def test_disk_full_fails_cleanly_and_leaves_nothing_to_trust(tiny_tmpfs):
 # -- data -------------------------------------------------------------------------------------
 def test_missing_dataset_files_say_how_to_provide_them(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"wiki\.train\.tokens.*fetch_wikitext103"):
-        prepare_data("txl", {"corpus": "wikitext103"}, tmp_path / "d.npz", tmp_path / "m.json",
+        prepare_data("txl", complete_model({"name": "t", "kind": "txl", "data": {"corpus": "wikitext103"}})["data"],
+                     tmp_path / "d.npz", tmp_path / "m.json",
                               data_root=tmp_path)
     with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
-        prepare_data("vit", {"dataset": "cifar10"}, tmp_path / "d.npz", tmp_path / "m.json",
+        prepare_data("vit", complete_model({"name": "v", "kind": "vit", "data": {"dataset": "cifar10"}})["data"],
+                     tmp_path / "d.npz", tmp_path / "m.json",
                               data_root=tmp_path)
     assert not (tmp_path / "d.npz").exists() and not (tmp_path / "m.json").exists()
 

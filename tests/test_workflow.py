@@ -126,3 +126,44 @@ def test_bad_config_stops_at_start_naming_the_key(tmp_path, edit, message):
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("model", [m["name"] for m in TINY["models"]])
+def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
+    """Each analysis store is what the engine's public functions give on the stored inputs:
+    the organization is the questionnaire of this sample's tensor, the coefficients are its
+    expansion in this sample's trees (not another sample's, not another orthonormal basis),
+    the entropies are head_entropy / network_entropy of the same."""
+    from oattn_lib.entropy import head_entropy, head_sparsity, network_entropy, network_sparsity
+    from oattn_lib.haar import bihaar, trihaar
+    from oattn_lib.questionnaire import questionnaire3d
+    from oattn_lib.stages.common import load_network, load_organization, plain
+
+    res = run / "results" / model
+    cfg = next(m for m in TINY["models"] if m["name"] == model)
+    quantity = cfg["extract"]["quantity"]
+    ent = xr.open_zarr(res / "entropy.zarr", consolidated=False).load()
+    for i in range(cfg["extract"]["n_samples"]):
+        _, x = load_network(res / "attention" / f"sample{i}.zarr", quantity, None)
+        X = plain(x)
+        org, _ = load_organization(res / "organized" / f"sample{i}.zarr")
+        fresh = questionnaire3d(X, **TINY["organize"])
+        for axis in ("q", "k", "h"):
+            np.testing.assert_array_equal(getattr(org, f"tree_{axis}").labels,
+                                          getattr(fresh, f"tree_{axis}").labels, err_msg=f"{model} {i} {axis}")
+        dec = xr.open_zarr(res / "decomposed" / f"sample{i}.zarr", consolidated=False).load()
+        np.testing.assert_allclose(dec["bihaar"].values, np.asarray(bihaar(X, org.tree_q, org.tree_k)),
+                                   rtol=1e-4, atol=1e-5 * np.abs(X).max())
+        np.testing.assert_allclose(dec["trihaar"].values, np.asarray(trihaar(X, org.tree_q, org.tree_k, org.tree_h)),
+                                   rtol=1e-4, atol=1e-5 * np.abs(X).max())
+        grid = ent.sel(sample=i).stack(unit=("layer", "head"))
+        layer, head = x["layer"].values, x["head"].values
+        stored = grid.sel(unit=list(zip(layer, head)))
+        np.testing.assert_allclose(stored["head_entropy"].values,
+                                   head_entropy(X, org, TINY["entropy"]["head_top_k"]), rtol=1e-5)
+        np.testing.assert_allclose(stored["head_sparsity"].values, head_sparsity(X, org), rtol=1e-5)
+        assert ent["network_entropy"].values[i] == pytest.approx(
+            network_entropy(X, org, TINY["entropy"]["network_top_k"]), rel=1e-5)
+        assert ent["network_sparsity"].values[i] == pytest.approx(network_sparsity(X, org), rel=1e-5)
+        # the organized trees beat random trees on the sparsity the paper reports
+        assert ent["network_l1"].values[i] < ent["network_l1_random"].values[i]

@@ -34,10 +34,10 @@ from typing import Iterator
 
 import torch
 
+from .files import is_minilm_alias, is_offline, minilm_path
+
 ATTN_IMPLEMENTATION = "oattn_eager_record"
 """Name under which the recording attention function is registered in transformers."""
-
-from .files import is_minilm_alias, is_offline, minilm_path
 
 
 # --------------------------------------------------------------------------- recording

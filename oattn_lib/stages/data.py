@@ -16,21 +16,21 @@ __all__ = ["prepare_data"]
 def prepare_data(kind: str, data: dict, out_npz, out_meta, data_root="resources") -> None:
     """Build a model's dataset: token-id splits and vocabulary, images, or held-out texts."""
     if kind in ("txl", "hf"):
-        if data.get("corpus", "stdlib") == "wikitext103":
+        if data["corpus"] == "wikitext103":
             splits = textdata.load_wikitext(Path(data_root))
-            vocab = textdata.Vocab.build(splits["train"], min_freq=data.get("min_freq", 1),
-                                         max_size=data.get("max_size"))
+            vocab = textdata.Vocab.build(splits["train"], min_freq=data["min_freq"],
+                                         max_size=data["max_size"])
             ids = {k: vocab.encode(v) for k, v in splits.items()}
             texts = None
         else:
             docs = textdata.stdlib_corpus()
             log.info("stdlib corpus: %d documents", len(docs))
-            ds = textdata.build_text_dataset(docs, seed=data.get("seed", 0),
-                                             min_freq=data.get("min_freq", 3),
-                                             max_size=data.get("max_size"))
+            ds = textdata.build_text_dataset(docs, seed=data["seed"],
+                                             min_freq=data["min_freq"],
+                                             max_size=data["max_size"])
             vocab = ds.pop("vocab")
             ids = ds
-            texts = textdata.split_documents(docs, seed=data.get("seed", 0))[2]
+            texts = textdata.split_documents(docs, seed=data["seed"])[2]
         meta = {"kind": kind, "vocab": list(vocab.itos),
                 "sizes": {k: int(v.size) for k, v in ids.items()}}
         if kind == "hf":
@@ -39,10 +39,10 @@ def prepare_data(kind: str, data: dict, out_npz, out_meta, data_root="resources"
         save_npz(out_npz, **ids)
         log.info("text splits (tokens): %s; vocabulary %d", meta["sizes"], len(vocab))
     elif kind == "vit":
-        name = data.get("dataset", "digits")
-        size = data.get("image_size", 32)
+        name = data["dataset"]
+        size = data["image_size"]
         if name == "digits":
-            d = images.digits_dataset(size=size, seed=data.get("seed", 0))
+            d = images.digits_dataset(size=size, seed=data["seed"])
             arrays = {k: d[k] for k in ("train_images", "train_labels", "test_images", "test_labels")}
             meta = {"kind": kind, "dataset": name, "mean": d["mean"], "std": d["std"]}
         else:

@@ -34,7 +34,7 @@ def _figure_units(figure_heads, n_layer, n_head) -> list[tuple[int, int]]:
 
 
 def decompose(attention_store, organized_store, out, quantity: str, crop=None,
-              figure_heads=((0, 0),), questionnaire2d_iters: int = 10, random_tree_seeds: int = 3,
+              *, figure_heads, questionnaire2d_iters: int, random_tree_seeds: int,
               config_slice: dict | None = None, code: str | None = None) -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
     2-D organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6)."""

@@ -57,7 +57,7 @@ def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample
     """
     dev = resolve_device(device)
     ex = model["extract"]
-    n, seed = ex["n_samples"], ex.get("seed", 0)
+    n, seed = ex["n_samples"], ex["seed"]
     if not 0 <= sample < n:
         raise ValueError(f"sample: {sample} is outside 0..{n - 1} (extract.n_samples = {n})")
     meta = json.loads(Path(data_meta).read_text())
@@ -67,7 +67,7 @@ def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample
         from ..models.hf import hf_attention, load_hf  # transformers: only for hf models
 
         net, tok = load_hf(model["path"], device=dev)
-        max_len = ex.get("max_length", 128)
+        max_len = ex["max_length"]
         # long enough texts only, so that every sample has exactly max_length tokens
         texts = [t for t in meta["test_texts"] if len(t) >= 4 * max_len]
         texts = [t for t in texts if len(tok(t, add_special_tokens=True)["input_ids"]) >= max_len]
@@ -85,13 +85,13 @@ def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample
         arrays = load_npz(data_npz)
         if kind == "txl":
             net = build_model("txl", ck["arch"], n_token=len(meta["vocab"]))
-            tgt = ck["arch"].get("tgt_len", 64)
+            tgt = ck["arch"]["tgt_len"]
             test = arrays["test"]
             idx = int(_pick(test.size // tgt, n, seed, f"test segments of {tgt} tokens")[sample])
             toks = test[idx * tgt:(idx + 1) * tgt]
             token_text = [meta["vocab"][t] for t in toks]
         elif kind == "vit":
-            size = model.get("data", {}).get("image_size", 32)
+            size = model["data"]["image_size"]
             net = build_model("vit", ck["arch"], image_size=size)
             idx = int(_pick(arrays["test_labels"].shape[0], n, seed, "test images")[sample])
             img = vit_images({"test_images": arrays["test_images"][idx:idx + 1]}, meta, "test", size)
