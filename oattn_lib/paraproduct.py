@@ -209,6 +209,17 @@ def _check_order(order, n: int, name: str) -> np.ndarray:
     return arr
 
 
+def _check_allowed(allowed, shape: tuple[int, int], device) -> torch.Tensor | None:
+    if allowed is None:
+        return None
+    a = torch.as_tensor(np.asarray(allowed) if not isinstance(allowed, torch.Tensor) else allowed, device=device)
+    if a.dtype != torch.bool:
+        raise ValueError(f"allowed: expected a boolean mask, got dtype {a.dtype}")
+    if tuple(a.shape) != shape:
+        raise ValueError(f"allowed: expected the shape of f {shape}, got {tuple(a.shape)}")
+    return a
+
+
 def _check_scales(n_scales, n: int, m: int) -> tuple[int, int]:
     full = (_depth(n), _depth(m))
     if n_scales is None:
@@ -270,7 +281,7 @@ def telescoping_sum(f, n_scales=None):
     return back(out, was_numpy)
 
 
-def paraproduct(f, row_order=None, col_order=None, n_scales=None) -> Paraproduct:
+def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) -> Paraproduct:
     """Paraproduct approximation of softmax of an organized head (SPEC 5, Theorem 1).
 
     f: (N, M) head, rows = queries (pre-softmax scores); any N, M >= 1. row_order,
@@ -303,6 +314,15 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None) -> Paraproduct
     normaliser (and dividing by a sum that can be near zero or negative). As a
     consequence the rows of `approximation` need not sum exactly to 1.
 
+    Masked (causal, sliding-window) heads: `allowed` (N, M) bool in f's own order, False
+    where the model may not attend. The reference is then the model's masked softmax,
+    never a softmax over positions the model cannot see: the masked softmax is the
+    linear map "zero the masked entries, divide row i by its masked sum Z_i" applied to
+    exp(f), so it is applied to every term of the same pointwise decomposition of exp(f)
+    (whose block averages see f at every position: the pre-mask scores). `exact` is the
+    masked softmax, `approximation` is zero at masked entries, and a row with no allowed
+    entry is zero in both. None: no mask.
+
     Returns numpy arrays for numpy input and torch tensors on the input's device for
     torch input, all float64 (computed in float64 whatever the input precision);
     row_order and col_order are numpy int64 arrays.
@@ -312,10 +332,16 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None) -> Paraproduct
     r = _check_order(row_order, n, "row_order")
     c = _check_order(col_order, m, "col_order")
     jr, jc = _check_scales(n_scales, n, m)
-    organized = x[torch.as_tensor(r, device=x.device)][:, torch.as_tensor(c, device=x.device)]
+    rows, cols = torch.as_tensor(r, device=x.device), torch.as_tensor(c, device=x.device)
+    organized = x[rows][:, cols]
+    mask = _check_allowed(allowed, (n, m), x.device)
+    mask = None if mask is None else mask[rows][:, cols]
     approx_scaled, shift = _approximation(organized, jr, jc)
-    rowmax = organized.amax(1)
-    z = torch.exp(organized - rowmax[:, None]).sum(1)  # >= 1, never 0
+    visible = organized if mask is None else organized.masked_fill(~mask, float("-inf"))
+    rowmax = visible.amax(1)
+    rowmax = torch.where(torch.isfinite(rowmax), rowmax, torch.zeros_like(rowmax))  # rows with nothing allowed
+    z = torch.exp(visible - rowmax[:, None]).sum(1)  # >= 1 wherever a row has an allowed entry
+    z = torch.where(z > 0, z, torch.ones_like(z))
     if not bool(torch.isfinite(approx_scaled).all()):
         raise ValueError(f"f: the paraproduct terms overflow float64 (|f| up to "
                          f"{float(organized.abs().max()):.3g}): scale f down")
@@ -325,7 +351,11 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None) -> Paraproduct
     direct = approx_scaled * torch.exp(log_scale.clamp(max=700.0))
     via_log = torch.sign(approx_scaled) * torch.exp(torch.log(approx_scaled.abs()) + log_scale)
     approximation = torch.where(log_scale <= 700.0, direct, via_log)
-    exact = torch.softmax(organized, dim=1)
+    if mask is None:
+        exact = torch.softmax(organized, dim=1)
+    else:
+        exact = torch.exp(visible - rowmax[:, None]) / z[:, None]
+        approximation = torch.where(mask, approximation, torch.zeros_like(approximation))
     residual = exact - approximation
     if not bool(torch.isfinite(residual).all()):
         size = (torch.log(approx_scaled.abs()) + log_scale).amax(1) / np.log(10)

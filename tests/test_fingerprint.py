@@ -56,7 +56,7 @@ def test_a_code_edit_changes_exactly_the_stages_that_run_it(project):
     assert changed == {"organize", "decompose", "figures"}
     edit(q, "def _edited():\n    return 1\n\n\n", "")
     assert fingerprints(project) == before, "reverting the edit restores every fingerprint"
-    edit(project / "oattn_lib" / "plots.py", "DPI = ", "_UNUSED = 0\nDPI = ")
+    edit(project / "oattn_lib" / "plots" / "style.py", "DPI = ", "_UNUSED = 0\nDPI = ")
     changed = {s for s, v in fingerprints(project).items() if v != before[s]}
     assert changed == {"figures", "prune"}  # prune draws Figure 7
 

@@ -265,3 +265,27 @@ def test_telescoping_and_rows_for_any_shape(n, m, seed):
 def test_bad_input_names_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         paraproduct(**kwargs)
+
+
+def test_masked_head_is_compared_with_the_models_masked_softmax():
+    """A causal head: `exact` is the masked softmax (never a softmax over future positions),
+    the approximation vanishes where the model may not look, and an all-allowed mask is no mask."""
+    rng = np.random.default_rng(5)
+    f = rng.standard_normal((11, 11))
+    causal = np.tril(np.ones((11, 11), dtype=bool))
+    r, c = rng.permutation(11), rng.permutation(11)
+    pp = paraproduct(f, row_order=r, col_order=c, allowed=causal)
+    want = torch.softmax(torch.from_numpy(f).masked_fill(torch.from_numpy(~causal), float("-inf")), -1).numpy()
+    np.testing.assert_allclose(pp.exact, want[np.ix_(r, c)], atol=1e-15)
+    assert (pp.approximation[~causal[np.ix_(r, c)]] == 0).all()
+    # the same decomposition of exp(f), renormalised by the masked row sums
+    full = paraproduct(f, row_order=r, col_order=c)
+    z_full, z_mask = np.exp(f).sum(1), np.where(causal, np.exp(f), 0).sum(1)
+    scale = (z_full / z_mask)[r][:, None]
+    keep = causal[np.ix_(r, c)]
+    np.testing.assert_allclose(pp.approximation[keep], (full.approximation * scale)[keep], rtol=1e-12)
+    assert pp.relative_residual != pytest.approx(full.relative_residual, rel=1e-3)
+    same = paraproduct(f, row_order=r, col_order=c, allowed=np.ones((11, 11), dtype=bool))
+    np.testing.assert_allclose(same.approximation, full.approximation, rtol=1e-12)
+    with pytest.raises(ValueError, match="allowed"):
+        paraproduct(f, allowed=causal[:5])

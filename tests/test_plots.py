@@ -289,3 +289,11 @@ def test_torch_tensors_are_accepted():
     v = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     fig = plots.fig6_top_trihaar(v, ["a", "b"])
     np.testing.assert_array_equal(by_gid(fig.axes[0], "sample")[1].get_ydata(), [3, 4, 5])
+
+
+def test_the_package_keeps_the_public_names_of_the_old_module():
+    old = {"DPI", "SEQUENTIAL", "DIVERGING", "save", "new_figure", "styled", "fig1_organized_head",
+           "fig2_paraproduct", "fig3_head_geometry", "fig4_bihaar", "fig5_entropy_heatmaps", "fig6_top_trihaar",
+           "fig7_ablation"}
+    assert old <= set(plots.__all__)
+    assert all(callable(getattr(plots, n)) or n in ("DPI", "SEQUENTIAL", "DIVERGING") for n in plots.__all__)

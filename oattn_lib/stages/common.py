@@ -9,11 +9,12 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import Organization
+from ..temperature import attention_mask
 from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["network_tensor", "unit_coords", "plain", "load_network", "load_organization"]
+__all__ = ["network_tensor", "unit_coords", "plain", "load_network", "load_organization", "model_mask"]
 
 
 def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
@@ -54,3 +55,28 @@ def load_organization(path):
                         PartitionTree(ds["tree_h"].values), ds["affinity_q"].values.astype(np.float64),
                         ds["affinity_k"].values.astype(np.float64),
                         ds["affinity_h"].values.astype(np.float64)), ds
+
+
+def model_mask(att, layer: int, head: int, logits: np.ndarray, crop) -> np.ndarray | None:
+    """Allowed (query, key) entries of the model's own mask for one head; None if nothing is masked.
+
+    The mask is read from the stored probabilities of the head's layer (`attention_mask`).
+    Without a crop, the masked softmax of the stored scores must then be the head's stored
+    probabilities, which is checked: the reference is what the model computed.
+    """
+    probs = att["probs"].sel(layer=layer).transpose("head", "query", "key").values
+    if crop is not None:
+        a, b = int(crop[0]), int(crop[1])
+        probs = probs[:, a:b, a:b]
+    masked = attention_mask(probs)
+    if not masked.any():
+        return None
+    if crop is None:
+        z = np.where(masked, -np.inf, logits)
+        ref = np.exp(z - z.max(1, keepdims=True))
+        ref /= ref.sum(1, keepdims=True)
+        err = float(np.abs(ref - probs[list(att["head"].values).index(head)]).max())
+        if err > 1e-4:
+            raise ValueError(f"probs: layer {layer} head {head} is not the softmax of the stored scores under "
+                             f"the mask read from the probabilities (max difference {err:.3g})")
+    return ~masked

@@ -15,7 +15,7 @@ from ..haar import bihaar, haar_basis, trihaar
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
 from ..trees import random_tree
-from .common import load_network, load_organization, network_tensor, plain, unit_coords
+from .common import load_network, load_organization, model_mask, network_tensor, plain, unit_coords
 
 log = logging.getLogger("oattn")
 
@@ -53,15 +53,18 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
     units = _figure_units(figure_heads, n_layer, n_head)
     fig = {k: [] for k in ("original", "organized3d", "organized2d", "exact", "approx", "residual")}
-    rel, rel_unorg = [], []
+    rel, rel_unorg, orders = [], [], []
     # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed
     logits = network_tensor(ds, "scores", crop)
     for layer, head in units:
         f = plain(x.sel(layer=layer, head=head))
         g = plain(logits.sel(layer=layer, head=head)).astype(np.float64)
         tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
-        pp = paraproduct(g, row_order=tr.order, col_order=tc.order)
-        pu = paraproduct(g)
+        # a causal head is compared with the model's own masked softmax (SPEC 5)
+        allowed = model_mask(ds, layer, head, g, crop)
+        pp = paraproduct(g, row_order=tr.order, col_order=tc.order, allowed=allowed)
+        pu = paraproduct(g, allowed=allowed)
+        orders.append((tr.order, tc.order))
         fig["original"].append(f)
         fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
         fig["organized2d"].append(np.asarray(pp.organized))
@@ -84,6 +87,8 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
          "diffusion_coords": (("unit", "component"), np.asarray(dm.coords, dtype=np.float32)),
          "diffusion_eigenvalues": ("eig", np.asarray(dm.eigenvalues, dtype=np.float64)),
          **{f"fig_{k}": (fh, np.stack(v).astype(np.float32)) for k, v in fig.items()},
+         "fig_row_order": (("fig_head", "row"), np.array([o[0] for o in orders], dtype=np.int64)),
+         "fig_col_order": (("fig_head", "col"), np.array([o[1] for o in orders], dtype=np.int64)),
          "fig_rel_residual": ("fig_head", np.array(rel)),
          "fig_rel_residual_unorganized": ("fig_head", np.array(rel_unorg))},
         coords={**unit_coords(x), "fig_layer": ("fig_head", [u[0] for u in units]),

@@ -1,26 +1,107 @@
-"""Stage `summary`: one Markdown page of every model's training metrics and tables."""
+"""Stage `summary`: one Markdown page opening with the paper's claims as measured (one table),
+then every model's training metrics and tables."""
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from .. import store
+from ..claims import (
+    claims_markdown,
+    claims_records,
+    claims_rst,
+    paper_number,
+    paraproduct_claim,
+    pruning_claim,
+    recurrence_claim,
+    sparsity_claim,
+)
+from ..entropy import extreme_heads, jaccard_stability
 
 log = logging.getLogger("oattn")
 
-__all__ = ["summary"]
+__all__ = ["model_claims", "summary"]
+
+METRICS = {"txl": ("log perplexity", False), "vit": ("accuracy", True), "hf": ("cosine similarity", True)}
+"""The prune stage's held-out metric per model kind, as Table 3's areas are of it, and whether
+higher is better: Transformer-XL's area is of the log perplexity, ViT's of the accuracy, a
+Hugging Face encoder's of the cosine similarity of its embeddings to the unmasked model's."""
+LOWEST_FIRST, RANDOM = "Haar entropy, lowest first", "random"
+"""Table 3's names of the ranking the paper proposes and of the random orders."""
 
 
-def summary(metrics: dict, table_paths: dict, out_md) -> None:
-    """One Markdown page: training metrics and every model's tables."""
-    lines = ["# oattn results\n"]
-    for name, path in metrics.items():
+def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, temperature_json,
+                 table3_csv=None, fraction: float = 0.1) -> list:
+    """The four claims for one model, from its stored entropies, tables and temperature curves.
+
+    The bottom-set Jaccard index is recomputed from the entropy store (as Table 1's note);
+    the sparsity ratios come from Table 2, the residuals at tau = 1 and the crossovers from
+    the temperature figure's JSON, the pruning areas from Table 3 (None: prune not run).
+    """
+    ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
+    e = ent["head_entropy"].transpose("sample", "layer", "head").values
+    n_s = e.shape[0]
+    flat = e.reshape(n_s, -1)
+    jac = jaccard_stability(flat, fraction, "bottom")
+    off = jac[~np.eye(n_s, dtype=bool)]
+    k = extreme_heads(flat, fraction)["k"]
+    t1 = pd.read_csv(table1_csv)
+    bottom = t1[t1["set"] == "bottom"].sort_values("rank")
+    counts = [((int(r.layer), int(r.head)), int(str(r.count).split("/")[0])) for r in bottom.itertuples()]
+    t2 = pd.read_csv(table2_csv)
+    temp = json.loads(Path(temperature_json).read_text())
+    at1 = temp["at_model_tau"]
+    cross = "; ".join(f"organized is {temp['crossover'][b]['text']}" for b in ("original", "random"))
+    auc_low = auc_rand = auc_sd = None
+    if table3_csv is not None:
+        t3 = pd.read_csv(table3_csv).set_index("ranking")
+        auc_low, auc_rand = float(t3.loc[LOWEST_FIRST, "auc"]), float(t3.loc[RANDOM, "auc"])
+        auc_sd = float(t3.loc[RANDOM, "auc_sd"])
+    return [
+        sparsity_claim(name, t2["network_sparsity"].to_numpy(), t2["network_sparsity_random_trees"].to_numpy(),
+                       paper=paper_number("sparsity", kind)),
+        recurrence_claim(name, float(off.mean()) if off.size else float("nan"), flat.shape[1], k, counts, n_s,
+                         paper=paper_number("recurrence", kind)),
+        paraproduct_claim(name, at1["2-D organized"], at1["original"], at1["random"], cross,
+                          paper=paper_number("paraproduct", kind)),
+        pruning_claim(name, auc_low, auc_rand, auc_sd, METRICS[kind][1], metric=f"held-out {METRICS[kind][0]}",
+                      paper=paper_number("pruning", kind)),
+    ]
+
+
+def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
+    """One Markdown page: the claims table first, then training metrics and every model's tables.
+
+    kinds: model name -> kind, in config order. inputs: paths named "<key>_<model>", keys
+    `metrics` (trained models), `table1`..`table4` (Markdown; 3-4 when prune ran),
+    `table1csv`, `table2csv`, `table3csv` (when prune ran), `entropy` (store) and
+    `temperature` (the temperature figure's JSON). outs: `md`, and the claims table as
+    `claims_csv` and `claims_rst` (reStructuredText, the report's opening page).
+    """
+    claims = []
+    for name, kind in kinds.items():
+        claims += model_claims(name, kind, inputs[f"entropy_{name}"], inputs[f"table1csv_{name}"],
+                               inputs[f"table2csv_{name}"], inputs[f"temperature_{name}"],
+                               inputs.get(f"table3csv_{name}"), fraction)
+    # grouped by claim, models in config order
+    order = {c.claim: i for i, c in enumerate(claims[:4])}
+    claims.sort(key=lambda c: order[c.claim])
+    store.atomic_write_text(outs["claims_csv"], pd.DataFrame(claims_records(claims)).to_csv(index=False))
+    store.atomic_write_text(outs["claims_rst"], claims_rst(claims))
+    lines = ["# oattn results\n", "## The paper's claims, as measured here\n", claims_markdown(claims)]
+    for name in kinds:
+        path = inputs.get(f"metrics_{name}")
         m = json.loads(Path(path).read_text()) if path else {}
         shown = {k: v for k, v in m.items() if k not in ("history",)}
         lines.append(f"## {name}\n\n" + ("Training: " + ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
                                                                  for k, v in shown.items()) + "\n" if shown else
                                          "Pretrained, not trained here.\n"))
-        for label, p in table_paths[name].items():
-            lines.append(f"### {label}\n\n{Path(p).read_text()}\n")
-    store.atomic_write_text(out_md, "\n".join(lines))
+        for t in (1, 2, 3, 4):
+            if f"table{t}_{name}" in inputs:
+                lines.append(f"### Table {t}\n\n{Path(inputs[f'table{t}_{name}']).read_text()}\n")
+    store.atomic_write_text(outs["md"], "\n".join(lines))
+    log.info("claims: %s", "; ".join(f"{c.model}: {c.verdict}" for c in claims))

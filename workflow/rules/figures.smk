@@ -1,4 +1,5 @@
-# Figures 1-6 of the paper, per model.
+# Figures 1-6 of the paper, per model, and where Theorem 1 holds: the paraproduct's relative
+# residual against logit temperature (its curves, crossovers and the caption's finding beside it).
 
 
 rule figures:
@@ -8,17 +9,34 @@ rule figures:
         decomposed=decomposed_stores,
         entropy=ENTROPY,
     output:
-        **{f: report(f"{R}/{{model}}/figures/{f}.png", caption=f"../report/{f}.rst",
-                     category="Figures", subcategory="{model}") for f in FIGURES},
-    params:
-        figures=config["figures"],
-        code=code_version("figures"),
+        **{
+            f: report(
+                f"{R}/{{model}}/figures/{f}.png",
+                caption=f"../report/{f}.rst",
+                category="Figures",
+                subcategory="{model}",
+            )
+            for f in FIGURES
+        },
+        temperature=report(
+            f"{R}/{{model}}/figures/temperature.png",
+            caption="../report/temperature.rst",
+            category="Figures",
+            subcategory="{model}",
+        ),
+        temperature_csv=f"{R}/{{model}}/figures/temperature.csv",
+        temperature_json=f"{R}/{{model}}/figures/temperature.json",
+        temperature_finding=f"{R}/{{model}}/figures/temperature.rst",
     log:
         f"{R}/logs/{{model}}/figures.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/figures.tsv"
-    threads: 1
     conda:
         "../../envs/oattn.yaml"
+    threads: 1
+    params:
+        figures=config["figures"],
+        analysis=analysis_params,
+        code=code_version("figures"),
     script:
         "../../scripts/figures.py"

@@ -1,0 +1,174 @@
+"""Where Theorem 1 holds: the paraproduct's relative residual against logit temperature (SPEC 5).
+
+Theorem 1 says the softmax of an organized head is approximately the paraproduct, a sum
+of terms linear in the block differences of the head. The approximation is first order
+in those differences, so it is good when the logits vary little within the blocks and
+fails as they grow: scaling the logits f by a temperature tau (softmax(tau f)) moves a
+head along that range, tau = 1 being the model as trained. `residual_curve` gives the
+relative residual ||softmax - approximation|| / ||softmax|| at each tau, for any order
+of the head's rows and columns, and `crossover` finds where the organized order stops
+beating a baseline order (the original one, random ones).
+
+Masked (causal) heads. The reference is the model's own masked softmax, never a softmax
+over positions the model may not see. The paraproduct decomposes exp(tau f) pointwise
+over the whole N x M grid, on the model's pre-mask scores (defined at every position:
+SPEC 7); the masked softmax is the linear map "zero the masked entries, divide row i by
+its masked sum Z_i" applied to exp(tau f), so applying it to every term of the
+decomposition decomposes the masked softmax itself, term by term (`paraproduct`'s
+`allowed`), exactly as it does for the unmasked row sums. So the block averages see the pre-mask
+scores, and the residual is the exp residual on the allowed entries divided by the
+masked row sums. `attention_mask` reads the mask from the model's stored probabilities.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .paraproduct import paraproduct
+
+__all__ = ["Crossover", "attention_mask", "crossover", "geometric_mean", "relative_residual",
+           "residual_curve", "temperature_grid"]
+
+
+def temperature_grid(n: int, low: float = 0.1, high: float = 10.0) -> np.ndarray:
+    """n logit temperatures log-spaced over [low, high], with tau = 1 (the model) always among them.
+
+    An odd n on the default range puts 1 in the middle; otherwise 1 is added (n + 1 values).
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
+        raise ValueError(f"n: expected an integer >= 2, got {n!r}")
+    if not 0 < low <= 1 <= high:
+        raise ValueError(f"low, high: expected 0 < low <= 1 <= high, got {low!r}, {high!r}")
+    taus = np.logspace(np.log10(low), np.log10(high), int(n))
+    if not np.any(taus == 1.0):
+        taus = np.sort(np.append(taus, 1.0))
+    return taus
+
+
+def attention_mask(probs) -> np.ndarray:
+    """The model's mask, read from its own output: True where attention is forbidden.
+
+    `probs` is (head, query, key): the post-softmax probabilities of every head of one
+    layer, as the model computed them (masked entries exactly 0). A position is masked
+    where every head of the layer gives it probability 0: a causal or padding mask is
+    shared by the heads of a layer, and an allowed position whose probability underflows
+    to 0 in every head at once would need logits about 100 below each head's row maximum.
+    """
+    p = np.asarray(probs)
+    if p.ndim != 3:
+        raise ValueError(f"probs: expected (head, query, key), got shape {p.shape}")
+    return (p == 0).all(axis=0)
+
+
+def relative_residual(logits, row_order=None, col_order=None, allowed=None) -> float:
+    """||softmax - paraproduct approximation||_F / ||softmax||_F of one head (SPEC 5).
+
+    `logits` (N, M) in the model's order, float64; `row_order`, `col_order` the orders
+    the paraproduct organizes them by (None: as given); `allowed` (N, M) bool, False where
+    the model masks attention (None: no mask). With a mask, the reference is the masked
+    softmax (module docstring); rows with no allowed entry are left out. Raises
+    ValueError when the result is not finite (`paraproduct` cannot represent it).
+    """
+    f = np.asarray(logits, dtype=np.float64)
+    return float(paraproduct(f, row_order=row_order, col_order=col_order, allowed=allowed).relative_residual)
+
+
+def residual_curve(logits, taus, row_order=None, col_order=None, allowed=None) -> np.ndarray:
+    """`relative_residual` of tau * logits for every tau; NaN where it is not finite.
+
+    `paraproduct` takes one 2-D head, so this is one call per tau. A ValueError about
+    float64's range (every numeric-range error of `paraproduct` and `relative_residual`
+    names it) becomes NaN; any other, such as a wrong order, is raised.
+    """
+    f = np.asarray(logits, dtype=np.float64)
+    out = np.full(len(taus), np.nan)
+    for i, tau in enumerate(np.asarray(taus, dtype=np.float64)):
+        try:
+            out[i] = relative_residual(tau * f, row_order, col_order, allowed)
+        except ValueError as exc:
+            if "float64" not in str(exc):
+                raise
+    return out
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where a curve stops lying below a baseline curve, on a grid of temperatures.
+
+    tau: the first temperature at which `organized` stops beating (being below) the
+    baseline, interpolated linearly in (log tau, log residual) between the two grid points
+    that bracket it; None if it never stops. status: "beats throughout", "never beats",
+    "stops beating" or "starts beating" (below only from some tau on, never stopping).
+    n_changes: how many times the comparison changes along the grid.
+    """
+
+    tau: float | None
+    status: str
+    n_changes: int
+
+    def where(self, low: float, high: float) -> str:
+        """Where the curve lies below the baseline, in a few words: "τ < 2.4", "no τ in [0.1, 10]"."""
+        rng = f"[{low:.3g}, {high:.3g}]"
+        if self.status in ("beats throughout", "never beats"):
+            return f"all of {rng}" if self.status == "beats throughout" else f"no τ in {rng}"
+        return f"τ {'>' if self.status == 'starts beating' else '<'} {self.tau:.3g}"
+
+    def describe(self, baseline: str, low: float, high: float) -> str:
+        """One clause in words, e.g. 'below the original order's for τ < 2.4 (crossover)'."""
+        rng = f"[{low:.3g}, {high:.3g}]"
+        if self.status == "beats throughout":
+            return f"below the {baseline} over the whole range {rng} (no crossover)"
+        if self.status == "never beats":
+            return f"never below the {baseline} in {rng} (no crossover)"
+        if self.status == "starts beating":
+            return f"below the {baseline} only for τ > {self.tau:.3g} (no crossover back in {rng})"
+        more = f"; the comparison changes {self.n_changes} times" if self.n_changes > 1 else ""
+        return f"below the {baseline} for τ < {self.tau:.3g} (crossover){more}"
+
+
+def crossover(taus, organized, baseline) -> Crossover:
+    """Where `organized` (residuals on the grid `taus`) stops being below `baseline`.
+
+    A residual that is not finite (NaN) counts as +inf: a finite residual beats it, and
+    two non-finite ones do not beat each other.
+    """
+    t = np.asarray(taus, dtype=np.float64)
+    o = np.asarray(organized, dtype=np.float64)
+    b = np.asarray(baseline, dtype=np.float64)
+    if not (t.ndim == 1 and o.shape == t.shape == b.shape):
+        raise ValueError(f"taus, organized, baseline: expected three 1-D arrays of one length, "
+                         f"got shapes {t.shape}, {o.shape}, {b.shape}")
+    if t.size < 2 or np.any(np.diff(t) <= 0) or np.any(t <= 0):
+        raise ValueError("taus: expected at least two positive temperatures, increasing")
+    o_inf = np.where(np.isfinite(o), o, np.inf)
+    b_inf = np.where(np.isfinite(b), b, np.inf)
+    beats = o_inf < b_inf
+    changes = np.flatnonzero(beats[1:] != beats[:-1])
+    if beats.all():
+        return Crossover(None, "beats throughout", 0)
+    if not beats.any():
+        return Crossover(None, "never beats", 0)
+    stops = [k for k in changes if beats[k]]
+    k = int(stops[0]) if stops else int(changes[0])
+    status = "stops beating" if stops else "starts beating"
+    lt = np.log(t[k:k + 2])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.log(o_inf[k:k + 2]) - np.log(b_inf[k:k + 2])
+    if np.all(np.isfinite(d)) and d[0] != d[1]:
+        tau = float(np.exp(lt[0] + (lt[1] - lt[0]) * (0 - d[0]) / (d[1] - d[0])))
+    else:  # a non-finite side: the change happens somewhere in the bracket; take its upper end
+        tau = float(t[k + 1])
+    return Crossover(tau, status, int(changes.size))
+
+
+def geometric_mean(curves, axis: int = -2) -> np.ndarray:
+    """Geometric mean of residual curves along `axis` (by default the curves of a stack
+    (..., n_curves, n_taus)); NaN wherever one of them is NaN (not finite).
+
+    Residuals span decades across heads and temperatures, so their typical value is a
+    mean of logarithms; a non-finite member makes the mean not finite, never ignored.
+    """
+    c = np.asarray(curves, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.exp(np.log(c).mean(axis=axis))
