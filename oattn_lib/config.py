@@ -170,6 +170,12 @@ def validate_config(config: dict, schema_path: str) -> None:
     with open(schema_path) as f:
         schema = yaml.safe_load(f)
     coerce_config(config, schema)
+    # the schema's default `{}` is one object: filled in place for one model, it would be
+    # shared by the next model that omits the same section
+    for m in config.get("models") or []:
+        if isinstance(m, dict):
+            for key in ("data", "arch", "train"):
+                m.setdefault(key, {})
     try:
         validate(config, schema_path, set_default=True)
     except WorkflowError as exc:

@@ -1,6 +1,6 @@
 """Snakemake entry: the head-ablation study of one model (Figure 7, Tables 3 and 4)."""
-from oattn_lib.ablation import prune
 from oattn_lib.runtime import setup_logging
+from oattn_lib.stages.prune import prune
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p, i = snakemake.params, snakemake.input

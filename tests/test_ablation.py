@@ -2,6 +2,7 @@
 rankings' summaries, the held-out sets, and the prune stage end to end on a tiny network."""
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -12,10 +13,22 @@ import torch
 import xarray as xr
 
 from oattn_lib import ablation as ab
+from oattn_lib.models import gating
 from oattn_lib.models.txl import TransformerXL, TXLConfig
 from oattn_lib.models.vit import build_vit, recompute_attention, vit_attention
+from oattn_lib.stages import prune as prune_stage
 
 KINDS = ["txl", "txl_softmax", "vit", "hf"]
+SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def prune_params(**given) -> dict:
+    """The config's `prune` section as the rule passes it to the stage: `given`, the schema's
+    defaults filled in."""
+    from oattn_lib.config import validate_config
+    config = {"models": [{"name": "m", "kind": "txl", "extract": {}}], "prune": given}
+    validate_config(config, str(SCHEMA))
+    return {k: v for k, v in config["prune"].items() if k != "enabled"}
 
 
 # -- tiny models --------------------------------------------------------------------------
@@ -69,13 +82,13 @@ def _plain(model, kind, x):
 
 
 def _gated(model, layout, kind, x, gates):
-    with torch.no_grad(), ab.head_gates(model, layout, gates):
+    with torch.no_grad(), gating.head_gates(model, layout, gates):
         return _plain(model, kind, x)
 
 
 def _attention(model, layout, kind, x, gates):
     """(batch, layer, head, query, key) attention probabilities under `gates`."""
-    with torch.no_grad(), ab.head_gates(model, layout, gates):
+    with torch.no_grad(), gating.head_gates(model, layout, gates):
         if kind == "txl":
             return model(x[:, :-1], return_attention=True).probs
         if kind == "vit":
@@ -90,7 +103,7 @@ def _block_io(model, layout, kind, x, gates, layer):
     """Input of the out-projection (batch, token, head * d_head) and the attention block's output
     (out-projection output) at `layer`, with `gates`."""
     got = {}
-    with torch.no_grad(), ab.head_gates(model, layout, gates):
+    with torch.no_grad(), gating.head_gates(model, layout, gates):
         if kind == "vit":
             mha = layout.modules[layer]
             h = mha.register_forward_hook(lambda m, a, o: got.update(inp=a[0], out=o[0]))
@@ -119,7 +132,7 @@ def _out_weight(model, layout, kind, layer):
 @pytest.fixture(scope="module", params=KINDS)
 def tiny(request):
     model, kind, x, t = _setup(request.param)
-    return model, kind, ab.head_layout(model, kind), x, t
+    return model, kind, gating.head_layout(model, kind), x, t
 
 
 # -- masking ------------------------------------------------------------------------------
@@ -200,27 +213,27 @@ def test_per_row_gates_mask_each_row_on_its_own(tiny):
 def test_gates_are_validated(tiny):
     model, kind, layout, x, _ = tiny
     with pytest.raises(ValueError, match="gates"):
-        with ab.head_gates(model, layout, torch.ones(5, 7)):
+        with gating.head_gates(model, layout, torch.ones(5, 7)):
             pass
 
 
 def test_head_layout_rejects_unknown_kind():
     with pytest.raises(ValueError, match="kind"):
-        ab.head_layout(torch.nn.Linear(2, 2), "lstm")
+        gating.head_layout(torch.nn.Linear(2, 2), "lstm")
 
 
 # -- gradient importance ------------------------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_gradient_equals_finite_differences(kind):
     model, k, x, t = _setup(kind, dtype=torch.float64)
-    layout = ab.head_layout(model, k)
+    layout = gating.head_layout(model, k)
     data = ab.HeldOut(x, t)
     grad = ab.gate_gradients(model, layout, data, batch_size=2)  # two chunks
     assert grad.shape == (x.shape[0], *layout.shape)
 
     def losses(g):
         with torch.no_grad():
-            out = ab.row_outputs(model, layout, x, g)
+            out = gating.row_outputs(model, layout, x, g)
             return ab._row_loss(k, out, t)
 
     eps = 1e-6
@@ -240,12 +253,44 @@ def test_gradient_equals_finite_differences(kind):
 
 def test_hf_gradient_importance_is_the_mean_projected_gradient():
     model, k, x, _ = _setup("hf", dtype=torch.float64)
-    layout = ab.head_layout(model, k)
+    layout = gating.head_layout(model, k)
     imp = ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=5)
     assert imp.shape == (x.shape[0], *layout.shape) and (imp >= 0).all()
     np.testing.assert_array_equal(imp, ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=5))
     assert not np.allclose(imp, ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=6))
 
+
+
+def _llama(dtype=torch.float64):
+    """A tiny random Llama with grouped key/value heads (4 query heads share 2 key/value heads)."""
+    from transformers import LlamaConfig, LlamaModel
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    return LlamaModel(cfg).to(dtype).eval()
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_hf_projected_gradient_estimates_the_embedding_jacobian(arch):
+    """E_v |v . de/dxi_h| = sqrt(2/pi) ||de/dxi_h|| for v ~ N(0, I), per sample: the estimate with
+    many projections must match the exact Jacobian of each sample's own embedding."""
+    model = _bert(torch.float64) if arch == "bert" else _llama()
+    layout = gating.head_layout(model, "hf")
+    x = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [9, 9, 9, 9, 9, 9, 9], [20, 3, 28, 11, 5, 17, 2]])
+
+    def embedding(g):
+        return gating.row_outputs(model, layout, x[i:i + 1], g[None])[0]
+
+    exact = []
+    for i in range(x.shape[0]):
+        jac = torch.autograd.functional.jacobian(embedding, torch.ones(layout.shape, dtype=torch.float64))
+        exact.append(np.sqrt(2 / np.pi) * jac.norm(dim=0).numpy())  # (hidden, layer, head) -> (layer, head)
+    exact = np.stack(exact)
+    P = 3000  # relative sd of the estimate: sqrt(pi/2 - 1) / sqrt(P) = 1.4%
+    imp = ab.gradient_importance(model, layout, ab.HeldOut(x), projections=P, seed=0, batch_size=3000)
+    np.testing.assert_allclose(imp, exact, rtol=0.08)
+    # the samples differ enough that mixing their projections up would be seen
+    assert np.abs(exact.mean(0) / exact - 1).max() > 0.3
 
 def test_normalize_per_layer():
     x = np.array([[[3.0, 4.0], [0.0, 0.0]]])
@@ -299,11 +344,24 @@ def test_stability_of_identical_and_reversed_rankings():
     assert st["spearman_min"] == pytest.approx(-1) and st["jaccard_mean"] == 0
 
 
+
+def test_ranking_stability_of_identical_samples_and_reversed_orders():
+    s = np.arange(20.0).reshape(4, 5)
+    rows = ab.ranking_stability({ab.GRADIENT: [ab.lowest_first(s)], ab.RANDOM: [np.arange(20), np.arange(20)[::-1]]},
+                                {ab.GRADIENT: np.stack([s, s, s])}, {ab.GRADIENT: s}, 0.1)
+    grad, rnd = rows
+    assert grad["across"] == "samples" and rnd["across"] == "seeds"
+    assert grad["spearman_mean"] == pytest.approx(1) and grad["jaccard_min"] == pytest.approx(1)
+    assert grad["spearman_with_gradient"] == pytest.approx(1) and np.isnan(rnd["spearman_with_gradient"])
+    assert rnd["spearman_mean"] == pytest.approx(-1) and rnd["jaccard_mean"] == 0
+    one = ab.ranking_stability({ab.RANDOM: [np.arange(20)]}, {}, {ab.GRADIENT: s}, 0.1)[0]
+    assert np.isnan(one["spearman_mean"])
+
 # -- held-out data is disjoint from the rankings' samples ----------------------------------
 def test_txl_held_out_shares_no_token_with_the_ranking_windows():
     T, test = 8, np.arange(8 * 30 + 1)
     used = np.array([3, 10, 29])
-    data, picked = ab._txl_held_out(test, T, used, 100, np.random.default_rng(0))
+    data, picked = prune_stage._txl_held_out(test, T, used, 100, np.random.default_rng(0))
     assert len(data) == len(picked) == 30 - 8  # 3 used and their neighbours (29 has one) are left out
     ranking = {int(t) for i in used for t in test[i * T:(i + 1) * T + 1] if i * T + T < test.size}
     held = set(data.inputs.reshape(-1).tolist())
@@ -314,7 +372,7 @@ def test_txl_held_out_shares_no_token_with_the_ranking_windows():
 def test_vit_held_out_excludes_the_extracted_images():
     arrays = {"test_images": np.random.default_rng(0).random((20, 3, 8, 8)).astype(np.float32),
               "test_labels": np.arange(20) % 10}
-    data, picked = ab._vit_held_out(arrays, {"dataset": "digits"}, 8, np.array([1, 5, 7]), 100,
+    data, picked = prune_stage._vit_held_out(arrays, {"dataset": "digits"}, 8, np.array([1, 5, 7]), 100,
                                     np.random.default_rng(0))
     assert set(picked.tolist()) == set(range(20)) - {1, 5, 7}
     np.testing.assert_array_equal(data.targets.numpy(), arrays["test_labels"][picked])
@@ -327,7 +385,8 @@ def test_hf_held_out_windows_avoid_the_extracted_texts():
     texts = [" ".join(f"text{i} word{j}" for j in range(60)) for i in range(5)]
     max_len = 16
     extracted = [tok(texts[i], truncation=True, max_length=max_len)["input_ids"] for i in (1, 3)]
-    ids, sources, used = ab._hf_held_out(tok, texts, np.array(extracted), max_len, 1000, np.random.default_rng(0))
+    ids, sources, used = prune_stage._hf_held_out(tok, texts, np.array(extracted), max_len, 1000,
+                                                  np.random.default_rng(0))
     assert used == [1, 3] and set(sources) == {0, 2, 4}
     assert ids.shape[1] == max_len
     assert (ids[:, 0] == tok.cls_token_id).all() and (ids[:, -1] == tok.sep_token_id).all()
@@ -335,7 +394,7 @@ def test_hf_held_out_windows_avoid_the_extracted_texts():
             {w for i in (0, 2, 4) for w in tok(texts[i], add_special_tokens=False)["input_ids"]}
     assert not words & set(ids.reshape(-1).tolist())
     with pytest.raises(ValueError, match="extracted samples"):
-        ab._hf_held_out(tok, texts[:1], np.array(extracted), max_len, 10, np.random.default_rng(0))
+        prune_stage._hf_held_out(tok, texts[:1], np.array(extracted), max_len, 10, np.random.default_rng(0))
 
 
 # -- the batched evaluation and the stage ---------------------------------------------------
@@ -343,7 +402,7 @@ def test_hf_held_out_windows_avoid_the_extracted_texts():
 def test_curve_at_zero_equals_the_unmasked_metric(kind):
     from oattn_lib.train import evaluate_vit
     model, k, x, t = _setup(kind)
-    layout = ab.head_layout(model, k)
+    layout = gating.head_layout(model, k)
     if k == "vit":  # enough images for the accuracy to move
         g = torch.Generator().manual_seed(2)
         x, t = torch.randn(40, 3, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
@@ -395,8 +454,9 @@ def stage(tmp_path_factory):
     outs = {k: d / f"{k}.{ext}" for k, ext in (("curves", "csv"), ("rankings", "csv"), ("finding", "rst"),
                                                ("fig7", "png"), ("table3_csv", "csv"), ("table3_md", "md"),
                                                ("table4_csv", "csv"), ("table4_md", "md"))}
-    ab.prune("txl", cfg, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt", stores, d / "entropy.zarr",
-             outs, random_seeds=3, held_out={"txl_segments": 6}, batch_size=8, device="cpu")
+    prune_stage.prune("txl", {"name": "tiny", "kind": "txl"}, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt",
+                      stores, d / "entropy.zarr", outs, device="cpu",
+                      **prune_params(random_seeds=3, held_out={"txl_segments": 6}, batch_size=8))
     return d, outs, model, test, stores
 
 
@@ -421,7 +481,7 @@ def test_stage_curves_start_at_the_unmasked_metric_and_random_seeds_differ(stage
     at0 = curves[curves["k"] == 0]["perplexity"].to_numpy()
     # the held-out segments, as logged: recompute the unmasked perplexity with the plain model
     used = [int(xr.open_zarr(s, consolidated=False).attrs["source_index"]) for s in stores]
-    data, picked = ab._txl_held_out(test, 8, np.array(used), 6, np.random.default_rng(0))
+    data, picked = prune_stage._txl_held_out(test, 8, np.array(used), 6, np.random.default_rng(0))
     with torch.no_grad():
         nll = [float(model(data.inputs[i:i + 1, :-1], data.inputs[i:i + 1, 1:]).loss) for i in range(len(data))]
     np.testing.assert_allclose(at0, np.exp(np.mean(nll)), rtol=1e-6)
@@ -443,6 +503,116 @@ def test_stage_rankings_follow_their_scores(stage):
     high = r[r["ranking"] == ab.HAAR_HIGH].sort_values("position")
     np.testing.assert_array_equal(high["layer"] * 3 + high["head"], np.argsort(-ent, kind="stable"))
 
+
+
+# -- the stage's stored outputs against an independent recomputation (issue 14) ---------------
+def _stored(outs):
+    return pd.read_csv(outs["rankings"]), pd.read_csv(outs["curves"]), pd.read_csv(outs["table3_csv"])
+
+
+def test_stage_masks_each_ranking_lowest_score_first(stage):
+    _, outs, *_ = stage
+    r, _, _ = _stored(outs)
+    for (k, j), o in r.groupby(["ranking", "order"]):
+        o = o.sort_values("position")
+        units = (o["layer"] * 3 + o["head"]).to_numpy()
+        assert sorted(units) == list(range(6)), k
+        if k != ab.RANDOM:  # the first heads masked are those of lowest score
+            assert (np.diff(o["score"].to_numpy()) >= 0).all(), k
+            by_unit = o.set_index(units)["score"].sort_index().to_numpy()
+            np.testing.assert_array_equal(units, np.argsort(by_unit, kind="stable"))
+
+
+def _mean_scores(outs, ranking):
+    r = pd.read_csv(outs["rankings"])
+    o = r[r["ranking"] == ranking]
+    return o.set_index(o["layer"] * 3 + o["head"])["score"].sort_index().to_numpy().reshape(2, 3)
+
+
+def test_stage_attention_scores_are_entropy_and_confidence_of_the_stored_attention(stage):
+    _, outs, _, _, stores = stage
+    probs = np.stack([xr.open_zarr(s, consolidated=False)["probs"].transpose("layer", "head", "query", "key")
+                      .values.astype(np.float64) for s in stores])  # (sample, layer, head, query, key)
+    ent = np.zeros(probs.shape[:3])
+    conf = np.zeros(probs.shape[:3])
+    for idx in np.ndindex(*probs.shape[:3]):
+        rows = probs[idx]
+        ent[idx] = np.mean([-sum(p * np.log(p) for p in row if p > 0) for row in rows])
+        conf[idx] = np.mean([max(row) for row in rows])
+    np.testing.assert_allclose(_mean_scores(outs, ab.ATTN_ENTROPY), ent.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(_mean_scores(outs, ab.CONFIDENCE), conf.mean(0), rtol=1e-6)
+
+
+def test_stage_gradient_scores_are_michel_importance_by_finite_differences(stage):
+    """I_h = mean over the ranking samples of |dL/dxi_h| (L: the window's mean NLL), divided by
+    the L2 norm of its layer: least important is masked first."""
+    import copy
+    _, outs, model, test, stores = stage
+    net = copy.deepcopy(model).double()
+    layout = gating.head_layout(net, "txl")
+    used = [int(xr.open_zarr(s, consolidated=False).attrs["source_index"]) for s in stores]
+    eps = 1e-6
+    fd = np.zeros((len(used), 2, 3))
+    with torch.no_grad():
+        for i, u in enumerate(used):
+            w = torch.from_numpy(test[u * 8:(u + 1) * 8 + 1].astype(np.int64))[None]
+            for l, h in np.ndindex(2, 3):
+                loss = []
+                for delta in (eps, -eps):
+                    g = torch.ones(2, 3, dtype=torch.float64)
+                    g[l, h] += delta
+                    with gating.head_gates(net, layout, g):
+                        loss.append(float(net(w[:, :-1], w[:, 1:]).loss))
+                fd[i, l, h] = (loss[0] - loss[1]) / (2 * eps)
+    imp = np.abs(fd).mean(0)
+    imp /= np.linalg.norm(imp, axis=1, keepdims=True)
+    np.testing.assert_allclose(_mean_scores(outs, ab.GRADIENT), imp, rtol=1e-3, atol=1e-6)
+
+
+def test_stage_curves_measure_each_rankings_own_masks(stage):
+    _, outs, model, test, stores = stage
+    r, curves, _ = _stored(outs)
+    used = [int(xr.open_zarr(s, consolidated=False).attrs["source_index"]) for s in stores]
+    data, _ = prune_stage._txl_held_out(test, 8, np.array(used), 6, np.random.default_rng(0))
+    layout = gating.head_layout(model, "txl")
+    for (k, j), o in r.groupby(["ranking", "order"]):
+        order = (o.sort_values("position")["layer"] * 3 + o.sort_values("position")["head"]).to_numpy()
+        for n_masked in (2, 4):
+            g = torch.ones(6)
+            g[order[:n_masked].tolist()] = 0
+            with torch.no_grad(), gating.head_gates(model, layout, g.reshape(2, 3)):
+                nll = [float(model(data.inputs[i:i + 1, :-1], data.inputs[i:i + 1, 1:]).loss) for i in range(len(data))]
+            got = curves[(curves["ranking"] == k) & (curves["order"] == j) & (curves["k"] == n_masked)]["perplexity"]
+            np.testing.assert_allclose(got.to_numpy(), np.exp(np.mean(nll)), rtol=1e-5, err_msg=f"{k} k={n_masked}")
+
+
+def test_stage_table3_is_the_area_and_tolerance_of_the_stored_curves(stage):
+    """Perplexity curves are compared in log space: AUC = trapezoidal area of log perplexity over
+    the fraction masked; the tolerated fraction is the largest one up to which every fraction
+    loses at most the tolerance (relative) against the unmasked perplexity."""
+    _, outs, *_ = stage
+    tol = prune_params()["tolerance"]
+    _, curves, t3 = _stored(outs)
+    t3 = t3.set_index("ranking")
+    for k, c in curves.groupby("ranking"):
+        aucs, tols, at50 = [], [], []
+        for _, o in c.groupby("order"):
+            o = o.sort_values("k")
+            f, y = o["fraction"].to_numpy(), o["perplexity"].to_numpy()
+            logy = np.log(y)
+            aucs.append(sum((f[i + 1] - f[i]) * (logy[i + 1] + logy[i]) / 2 for i in range(len(f) - 1)))
+            ok = 0.0
+            for fi, yi in zip(f, y):
+                if (yi - y[0]) / y[0] > tol:
+                    break
+                ok = fi
+            tols.append(ok)
+            at50.append(y[np.argmin(np.abs(f - 0.5))])
+        assert t3.loc[k, "auc"] == pytest.approx(np.mean(aucs), rel=1e-9), k
+        assert t3.loc[k, "tolerated_fraction"] == pytest.approx(np.mean(tols)), k
+        assert t3.loc[k, "perplexity at 50%"] == pytest.approx(np.mean(at50), rel=1e-9), k
+        if len(aucs) > 1:
+            assert t3.loc[k, "auc_sd"] == pytest.approx(np.std(aucs, ddof=1), rel=1e-6), k
 
 # -- the prune rule in the real workflow (tiny config) -------------------------------------
 @pytest.mark.workflow

@@ -123,3 +123,14 @@ def test_hf_path_accepts_a_model_directory_the_alias_and_online_hub_ids(config, 
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     config["models"][2]["path"] = "some-org/some-model"
     validate_config(config, SCHEMA)
+
+
+def test_models_without_sections_get_their_own_defaults():
+    """Two models omitting `data` must not share one filled-in default (a vit's image keys
+    would then be a txl's unexpected keys)."""
+    from oattn_lib.config import SCHEMA, validate_config
+    cfg = {"models": [{"name": "v", "kind": "vit", "extract": {}}, {"name": "t", "kind": "txl", "extract": {}}]}
+    validate_config(cfg, str(SCHEMA))
+    v, t = cfg["models"]
+    assert v["data"]["image_size"] == 32 and "image_size" not in t["data"]
+    assert t["data"]["corpus"] == "stdlib" and "corpus" not in v["data"]

@@ -4,7 +4,8 @@
 transformers), returning per-head pre-mask scores and post-mask probabilities.
 `vit`: torchvision's VisionTransformer and a hook-based capture of its attention.
 `hf`: any transformers model through a recording attention function; `files` finds model
-files without importing torch; `checkpoint` builds, saves and safely loads trained models.
+files without importing torch; `checkpoint` builds, saves and safely loads trained models;
+`gating` scales (masks) each head's output in all three kinds of model.
 
 Names are imported on first use (PEP 562), so importing `oattn_lib.models.files` at
 workflow start-up does not import torch.

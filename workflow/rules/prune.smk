@@ -10,7 +10,7 @@ def prune_model_params(wildcards):
     if m["kind"] == "hf":
         out["path"] = m["path"]
     if m["kind"] == "vit":
-        out["data"] = {"image_size": m.get("data", {}).get("image_size", 32)}
+        out["data"] = {"image_size": m["data"]["image_size"]}
     return out
 
 

@@ -1,0 +1,241 @@
+"""Head gates: scale each attention head's output, from outside the model (issue 6).
+
+A gate per (example, layer, head) scales that head's output before the layer's output
+projection, so a gate of 0 removes the head's contribution and nothing else, a gate of 1
+changes nothing (bit for bit), and a layer with every gate 0 passes only its residual path
+plus the projection's bias. The gates are applied by hooks, per model kind:
+
+- `txl`: a forward pre-hook on each layer's output projection `attn.o_net`, whose input is
+  the concatenation of the heads' outputs;
+- `vit` (torchvision): `nn.MultiheadAttention` uses its `out_proj` weight functionally, so
+  hooks on `out_proj` never fire; a forward hook on the attention module adds
+  sum_h (xi_h - 1) W_o[:, h] (P_h V_h), recomputed from the module's own weights — exactly
+  zero at xi = 1, exactly the head's removal at xi = 0;
+- `hf`: an attention function registered in transformers' `AttentionInterface`
+  (`GATED_ATTENTION`, the recording eager attention of `models.hf` times the gate) scales
+  each head's output before the model's own output projection (BERT's
+  `attention.output.dense`, Llama's `o_proj`, ...).
+
+Gates carry one row per example, so many masks are evaluated in one batched forward
+(`row_outputs`): the rows of a batch are (mask, example) pairs.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["GATED_ATTENTION", "HeadLayout", "register_gated_attention", "head_layout", "check_gates",
+           "head_gates", "row_outputs", "wide"]
+
+GATED_ATTENTION = "oattn_gated"
+"""Name of the gated attention function registered in transformers' AttentionInterface."""
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Where a model's heads are gated: one module per layer (txl: the output projection,
+    vit: the attention module, hf: the module that calls the attention function)."""
+
+    kind: str
+    n_layer: int
+    n_head: int
+    modules: tuple
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_layer, self.n_head
+
+
+# -- hf: the gated attention function ---------------------------------------------------------
+_HF_GATES: contextvars.ContextVar = contextvars.ContextVar("oattn_head_gates", default=None)
+
+
+def _gated_attention_forward(module, query, key, value, attention_mask, **kwargs):
+    """The recording eager attention of `models.hf`, each head's output times its gate."""
+    from .hf import recording_attention_forward
+
+    out, probs = recording_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    active = _HF_GATES.get()
+    if active is not None:
+        gates, layer_of = active
+        layer = layer_of.get(id(module))
+        if layer is not None:  # out: (batch, query, head, d_head)
+            out = out * gates[:, layer][:, None, :, None].to(out.dtype)
+    return out, probs
+
+
+def register_gated_attention() -> str:
+    """Register the gated attention (the recording attention while no gates are active) and
+    its eager mask builder in transformers; idempotent. Returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(GATED_ATTENTION, _gated_attention_forward)
+    AttentionMaskInterface.register(GATED_ATTENTION, eager_mask)
+    return GATED_ATTENTION
+
+
+@contextlib.contextmanager
+def _hf_gated(model) -> Iterator[None]:
+    """Run `model` with the gated attention function inside the block, then restore."""
+    from .hf import attn_implementation, supports_attention_interface
+
+    before = attn_implementation(model)
+    if before == GATED_ATTENTION:
+        yield
+        return
+    if not supports_attention_interface(model):
+        raise ValueError(f"model: {type(model).__name__} does not dispatch its attention through "
+                         "transformers' AttentionInterface, so its heads cannot be masked here")
+    model.set_attn_implementation(register_gated_attention())
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+# -- layouts and gates ------------------------------------------------------------------------
+def head_layout(model, kind: str) -> HeadLayout:
+    """Layers, heads and the per-layer modules where `head_gates` acts."""
+    from torch import nn
+
+    if kind == "txl":
+        mods = []
+        for i, layer in enumerate(getattr(model, "layers", ())):
+            o = getattr(getattr(layer, "attn", None), "o_net", None)
+            if not isinstance(o, nn.Linear):
+                raise ValueError(f"model: layer {i} has no output projection `attn.o_net` (nn.Linear)")
+            mods.append(o)
+        n_head = model.config.n_head
+        if not mods or mods[0].in_features % n_head:
+            raise ValueError(f"model: expected TransformerXL layers with n_head={n_head} heads")
+        return HeadLayout("txl", len(mods), n_head, tuple(mods))
+    if kind == "vit":
+        blocks = list(getattr(getattr(model, "encoder", None), "layers", ()))
+        mods = [getattr(b, "self_attention", None) for b in blocks]
+        if not mods or not all(isinstance(m, nn.MultiheadAttention) for m in mods):
+            raise ValueError("model: expected a torchvision VisionTransformer (encoder.layers[i].self_attention)")
+        return HeadLayout("vit", len(mods), mods[0].num_heads, tuple(mods))
+    if kind == "hf":
+        from .hf import record_attention
+        dev = next(model.parameters()).device
+        ids = torch.zeros((1, 2), dtype=torch.long, device=dev)
+        with _hf_gated(model), torch.no_grad(), record_attention() as rec:
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        if not rec.modules:
+            raise ValueError(f"model: {type(model).__name__} never called the attention function")
+        heads = {p.shape[1] for p in rec.probs}
+        if len(heads) != 1:
+            raise ValueError(f"model: layers with different head counts {sorted(heads)} are not supported")
+        return HeadLayout("hf", len(rec.modules), heads.pop(), tuple(rec.modules))
+    raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
+
+
+def check_gates(gates, layout: HeadLayout) -> torch.Tensor:
+    """`gates` as a (rows, layer, head) tensor; (layer, head) becomes one row. ValueError
+    naming the shape otherwise."""
+    if not isinstance(gates, torch.Tensor):
+        gates = torch.as_tensor(np.asarray(gates, dtype=np.float32))
+    if gates.ndim == 2:
+        gates = gates[None]
+    if gates.ndim != 3 or tuple(gates.shape[1:]) != layout.shape:
+        raise ValueError(f"gates: expected shape (rows, {layout.n_layer}, {layout.n_head}) or "
+                         f"({layout.n_layer}, {layout.n_head}), got {tuple(gates.shape)}")
+    return gates
+
+
+@contextlib.contextmanager
+def head_gates(model, layout: HeadLayout, gates) -> Iterator[None]:
+    """Scale every head's output by its gate inside the block.
+
+    gates: (rows, layer, head) or (layer, head); rows is 1 (one mask for the whole batch)
+    or the batch size (one mask per example). None gates nothing. Gradients flow to the
+    gates. 0 removes the head, 1 leaves the model bit for bit as it is.
+    """
+    if gates is None:
+        yield
+        return
+    g = check_gates(gates, layout)
+    handles = []
+    try:
+        if layout.kind == "txl":
+            H = layout.n_head
+
+            def pre_hook(mod, args, layer):
+                x = args[0]
+                B, T, width = x.shape
+                gl = g[:, layer].to(x.dtype)[:, None, :, None]
+                return (x.reshape(B, T, H, width // H).mul(gl).reshape(B, T, width),) + tuple(args[1:])
+
+            for i, m in enumerate(layout.modules):
+                handles.append(m.register_forward_pre_hook(lambda mod, args, i=i: pre_hook(mod, args, i)))
+            yield
+        elif layout.kind == "vit":
+            from .vit import recompute_attention
+
+            def hook(mod, args, kwargs, output, layer):
+                x = args[0] if args else kwargs["query"]
+                B, N, E = x.shape
+                _, probs, v = recompute_attention(mod, x)
+                heads = probs @ v  # (batch, head, token, d_head): each head's output before out_proj
+                w = (g[:, layer].to(heads.dtype) - 1.0)[:, :, None, None]
+                delta = (heads * w).transpose(1, 2).reshape(B, N, E) @ mod.out_proj.weight.T
+                return (output[0] + delta,) + tuple(output[1:])
+
+            for i, m in enumerate(layout.modules):
+                handles.append(m.register_forward_hook(
+                    lambda mod, args, kwargs, out, i=i: hook(mod, args, kwargs, out, i), with_kwargs=True))
+            yield
+        elif layout.kind == "hf":
+            token = _HF_GATES.set((g, {id(m): i for i, m in enumerate(layout.modules)}))
+            try:
+                with _hf_gated(model):
+                    yield
+            finally:
+                _HF_GATES.reset(token)
+        else:
+            raise ValueError(f"layout.kind: unknown model kind {layout.kind!r}")
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# -- one gated forward --------------------------------------------------------------------------
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """float32 for half-precision tensors; float32 and float64 stay as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None) -> torch.Tensor:
+    """One forward with per-row gates: txl mean NLL per row (nats/token, (n,)); vit logits
+    (n, classes); hf L2-normalised mean-pooled sentence embeddings (n, hidden).
+
+    inputs: txl (n, tgt_len + 1) token windows (input = [:, :-1], targets = [:, 1:]); vit
+    (n, channel, height, width) images; hf (n, tokens) input ids without padding.
+    """
+    with head_gates(model, layout, gates):
+        if layout.kind == "txl":
+            x, y = inputs[:, :-1], inputs[:, 1:]
+            got = {}
+            handle = model.crit.register_forward_hook(lambda m, a, o: got.__setitem__("out", o))
+            try:
+                model(x, y, mems=None)
+            finally:
+                handle.remove()
+            o = got["out"]
+            if hasattr(o, "output"):  # adaptive softmax: log-probability of each target
+                lp = o.output
+            else:
+                lp = F.log_softmax(wide(o), dim=-1).gather(-1, y.reshape(-1, 1)).squeeze(-1)
+            return -wide(lp).reshape(y.shape).mean(1)
+        if layout.kind == "vit":
+            return model(inputs)
+        # the all-MiniLM-L6-v2 recipe (models.hf.hf_embeddings) on unpadded windows
+        hidden = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).last_hidden_state
+        return F.normalize(wide(hidden).mean(1), p=2, dim=1)

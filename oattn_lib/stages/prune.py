@@ -1,0 +1,394 @@
+"""Stage `prune`: the head-ablation study of one model (issue 6): Figure 7, Tables 3 and 4.
+
+Every ranking of `oattn_lib.ablation` scores the heads on the extracted samples; its first k
+heads are masked (`models.gating`) and the network is measured on held-out data that shares
+nothing with those samples. Written: the curves, the rankings, Table 3 (area under each
+curve, the largest fraction masked within the tolerance) and Table 4 (each ranking's
+stability across samples) with their measured prose, and Figure 7.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import store
+from ..ablation import (ATTN_ENTROPY, CONFIDENCE, GRADIENT, HAAR_HIGH, HAAR_LOW, METRICS, RANDOM, RANKINGS,
+                        HeldOut, attention_confidence, attention_entropy, curve_summary, evaluate_masks,
+                        gradient_importance, lowest_first, mask_counts, masks_from_order, normalize_per_layer,
+                        random_order, ranking_stability, reference_embeddings)
+from ..data.images import vit_images
+from ..models.checkpoint import load_trained
+from ..models.gating import head_layout, register_gated_attention
+from ..runtime import resolve_device
+from ..store import load_npz
+
+log = logging.getLogger("oattn")
+
+__all__ = ["prune"]
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What the study measured on one model, for its tables and figure."""
+
+    name: str
+    kind: str
+    shape: tuple[int, int]  # (layer, head)
+    n_samples: int
+    n_held_out: int
+    ks: np.ndarray  # numbers of heads masked
+    per_sample: dict  # ranking -> (sample, layer, head) scores, low = masked first (not random)
+    mean_scores: dict  # ranking -> (layer, head) score the order sorts (not random)
+    orders: dict  # ranking -> list of head orders (flat layer * n_head + head)
+    curves: dict  # ranking -> (len(ks),) metric; random: (seeds, len(ks))
+
+    @property
+    def n_units(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def fractions(self) -> np.ndarray:
+        return self.ks / self.n_units
+
+    @property
+    def base(self) -> float:
+        """The unmasked network's metric."""
+        return float(self.curves[HAAR_LOW][0])
+
+
+# -- inputs -------------------------------------------------------------------------------------
+def _load(kind: str, model_cfg: dict, meta: dict, checkpoint, dev):
+    """(model in eval mode on `dev`, tokenizer or None)."""
+    if kind == "hf":
+        from ..models.hf import load_hf
+        net, tok = load_hf(model_cfg["path"], device=dev)
+        net.set_attn_implementation(register_gated_attention())  # = the recording attention until gated
+        return net, tok
+    if kind == "txl":
+        net, _ = load_trained(checkpoint, n_token=len(meta["vocab"]))
+    else:
+        net, _ = load_trained(checkpoint, image_size=model_cfg["data"]["image_size"])
+    return net.to(dev).eval(), None
+
+
+def _read_samples(attention_stores: list, entropy_store) -> tuple[list, np.ndarray]:
+    """The extracted samples' attention stores and their Haar entropies (sample, layer, head)."""
+    attention = [store.read_store(p, require=("probs",), finite=("probs",)) for p in attention_stores]
+    ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
+    haar = ent["head_entropy"].transpose("sample", "layer", "head").values.astype(np.float64)
+    if haar.shape[0] != len(attention):
+        raise ValueError(f"entropy store has {haar.shape[0]} samples but {len(attention)} attention stores "
+                         "were given")
+    return attention, haar
+
+
+def _ranking_samples(kind: str, model_cfg: dict, attention: list, arrays: dict, meta: dict):
+    """The extracted samples (what every ranking is computed on) and their source ids."""
+    if kind == "txl":
+        T = attention[0].sizes["query"]
+        test = arrays["test"]
+        idx = np.array([int(a.attrs["source_index"]) for a in attention])
+        for a, i in zip(attention, idx):
+            if not np.array_equal(test[i * T:(i + 1) * T], a["token"].values):
+                raise ValueError(f"sample {a.attrs.get('sample')}: its tokens are not test segment {i}; "
+                                 "the dataset changed since extraction")
+        if (idx + 1).max() * T + 1 > test.size:
+            raise ValueError("the last extracted test segment has no next token to predict")
+        wins = np.stack([test[i * T:(i + 1) * T + 1] for i in idx])
+        return HeldOut(torch.from_numpy(wins.astype(np.int64))), idx
+    if kind == "vit":
+        idx = np.array([int(a.attrs["source_index"]) for a in attention])
+        labels = arrays["test_labels"][idx]
+        stored = [a.attrs.get("label") for a in attention]
+        if any(s is not None and int(s) != int(l) for s, l in zip(stored, labels)):
+            raise ValueError("the extracted samples' labels do not match the test images; the dataset "
+                             "changed since extraction")
+        imgs = vit_images({"test_images": arrays["test_images"][idx]}, meta, "test", model_cfg["data"]["image_size"])
+        return HeldOut(imgs.float(), torch.from_numpy(labels.astype(np.int64))), idx
+    ids = np.stack([a["token"].values for a in attention]).astype(np.int64)
+    return HeldOut(torch.from_numpy(ids)), None
+
+
+def _txl_held_out(test: np.ndarray, T: int, used: np.ndarray, n: int, rng) -> tuple[HeldOut, np.ndarray]:
+    """Test windows of T + 1 tokens (T inputs, T targets) sharing no token with the
+    rankings' windows [i T, (i + 1) T] (so neighbours of a used segment are left out too)."""
+    n_seg = (test.size - 1) // T
+    banned = set()
+    for i in used:
+        banned.update((int(i) - 1, int(i), int(i) + 1))
+    free = np.array([i for i in range(n_seg) if i not in banned])
+    if free.size == 0:
+        raise ValueError("prune.held_out.txl_segments: no test segment is left after the extracted ones")
+    pick = np.sort(rng.choice(free, size=min(n, free.size), replace=False))
+    return HeldOut(torch.from_numpy(np.stack([test[i * T:(i + 1) * T + 1] for i in pick]).astype(np.int64))), pick
+
+
+def _vit_held_out(arrays, meta, size: int, used: np.ndarray, n: int, rng) -> tuple[HeldOut, np.ndarray]:
+    free = np.setdiff1d(np.arange(arrays["test_labels"].shape[0]), used)
+    pick = np.sort(rng.choice(free, size=min(n, free.size), replace=False))
+    imgs = vit_images({"test_images": arrays["test_images"][pick]}, meta, "test", size)
+    return HeldOut(imgs.float(), torch.from_numpy(arrays["test_labels"][pick].astype(np.int64))), pick
+
+
+def _special_tokens(tokenizer) -> tuple[list, list]:
+    """The ids the tokenizer puts before and after a single text ([CLS] / [SEP] for BERT)."""
+    plain = list(tokenizer("a b", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a b")["input_ids"])
+    for i in range(len(full) - len(plain) + 1):
+        if full[i:i + len(plain)] == plain:
+            return full[:i], full[i + len(plain):]
+    raise ValueError(f"tokenizer: cannot locate the text between its special tokens ({full} vs {plain})")
+
+
+def _hf_held_out(tokenizer, texts: list, sample_ids: np.ndarray, max_length: int, n: int, rng):
+    """Windows of exactly max_length tokens (special tokens included) cut from the held-out
+    texts that are not among the extracted samples (matched by their token ids)."""
+    first = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+    extracted = {tuple(int(x) for x in s) for s in sample_ids}
+    used = [i for i, ids in enumerate(first) if tuple(ids) in extracted]
+    if len({tuple(first[i]) for i in used}) != len(extracted):
+        raise ValueError("the extracted samples are not among the dataset's held-out texts; the dataset "
+                         "changed since extraction")
+    prefix, suffix = _special_tokens(tokenizer)
+    body = max_length - len(prefix) - len(suffix)
+    if body < 1:
+        raise ValueError(f"extract.max_length: {max_length} leaves no room for text between special tokens")
+    windows, source = [], []
+    for i, t in enumerate(texts):
+        if i in used:
+            continue
+        ids = tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]
+        for s in range(0, len(ids) - body + 1, body):
+            windows.append(prefix + list(ids[s:s + body]) + suffix)
+            source.append(i)
+    if not windows:
+        raise ValueError(f"prune.held_out.hf_windows: no held-out text has {max_length} tokens")
+    pick = np.sort(rng.choice(len(windows), size=min(n, len(windows)), replace=False))
+    return torch.tensor([windows[i] for i in pick], dtype=torch.long), sorted({source[i] for i in pick}), used
+
+
+def _held_out(kind: str, model_cfg: dict, net, tok, layout, arrays: dict, meta: dict, samples: HeldOut, used,
+              held_out: dict, rng, batch_size: int) -> HeldOut:
+    """The held-out examples the masked networks are measured on, disjoint from `samples`
+    (whose source ids are `used`)."""
+    if kind == "txl":
+        T = samples.inputs.shape[1] - 1
+        data, picked = _txl_held_out(arrays["test"], T, used, held_out["txl_segments"], rng)
+        log.info("held out: %d test segments of %d tokens (segments %s), none within one segment of the "
+                 "extracted segments %s", len(data), T, picked.tolist(), used.tolist())
+        return data
+    if kind == "vit":
+        data, picked = _vit_held_out(arrays, meta, model_cfg["data"]["image_size"], used, held_out["vit_images"], rng)
+        log.info("held out: %d test images, none of the extracted images %s", len(data), used.tolist())
+        return data
+    max_len = samples.inputs.shape[1]
+    ids, texts_used, extracted = _hf_held_out(tok, meta["test_texts"], samples.inputs.numpy(), max_len,
+                                              held_out["hf_windows"], rng)
+    data = HeldOut(ids, reference_embeddings(net, layout, ids, batch_size))
+    log.info("held out: %d windows of %d tokens from texts %s; the extracted samples are texts %s",
+             len(data), max_len, texts_used, extracted)
+    return data
+
+
+# -- the study ----------------------------------------------------------------------------------
+def _scores(net, layout, samples: HeldOut, attention: list, haar: np.ndarray, grad_projections: int,
+            seed: int, batch_size: int) -> tuple[dict, dict]:
+    """Per-sample scores (sample, layer, head) and the mean scores (layer, head) the orders sort,
+    of every ranking but random; low = masked first."""
+    probs = [a["probs"].transpose("layer", "head", "query", "key").values for a in attention]
+    grad = gradient_importance(net, layout, samples, grad_projections, seed, batch_size)
+    per_sample = {HAAR_LOW: haar, HAAR_HIGH: -haar, GRADIENT: normalize_per_layer(grad),
+                  ATTN_ENTROPY: np.stack([attention_entropy(p) for p in probs]),
+                  CONFIDENCE: np.stack([attention_confidence(p) for p in probs])}
+    mean_scores = {HAAR_LOW: haar.mean(0), HAAR_HIGH: -haar.mean(0),
+                   GRADIENT: normalize_per_layer(grad.mean(0)),
+                   ATTN_ENTROPY: per_sample[ATTN_ENTROPY].mean(0), CONFIDENCE: per_sample[CONFIDENCE].mean(0)}
+    return per_sample, mean_scores
+
+
+def _orders(mean_scores: dict, n_units: int, random_seeds: int, seed: int) -> dict:
+    """Every ranking's head orders, in the order of RANKINGS: one each, random one per seed."""
+    orders = {k: [lowest_first(v)] for k, v in mean_scores.items()}
+    orders[RANDOM] = [random_order(n_units, seed + s) for s in range(random_seeds)]
+    return {k: orders[k] for k in RANKINGS}
+
+
+def _curves(net, layout, data: HeldOut, orders: dict, ks: np.ndarray, batch_size: int) -> dict:
+    """The held-out metric of every ranking's masks; each distinct mask is evaluated once, all in
+    batched forwards."""
+    L, H = layout.shape
+    all_masks = np.concatenate([masks_from_order(o, ks, (L, H)) for k in RANKINGS for o in orders[k]])
+    uniq, inverse = np.unique(all_masks.reshape(len(all_masks), -1), axis=0, return_inverse=True)
+    log.info("%d rankings x %d mask sizes = %d masks, %d distinct; %d held-out examples each",
+             sum(len(v) for v in orders.values()), len(ks), len(all_masks), len(uniq), len(data))
+    metric_u = evaluate_masks(net, layout, data, torch.from_numpy(uniq.reshape(-1, L, H)), batch_size)
+    metric_all = metric_u[inverse.reshape(-1)]
+    curves, pos = {}, 0
+    for k in RANKINGS:
+        n_o = len(orders[k])
+        c = metric_all[pos:pos + n_o * len(ks)].reshape(n_o, len(ks))
+        curves[k] = c if k == RANDOM else c[0]
+        pos += n_o * len(ks)
+    return curves
+
+
+def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention_stores: list,
+          entropy_store, outs: dict, *, fraction_step: float, random_seeds: int, seed: int, held_out: dict,
+          grad_projections: int, batch_size: int, tolerance: float, stability_fraction: float,
+          device) -> None:
+    """Head-ablation study of one model (issue 6): Figure 7, Tables 3 and 4, the curves.
+
+    model_cfg: the model's `name`, its `path` (hf) and `data.image_size` (vit); the keyword
+    arguments are the config's `prune` section (the schema's defaults filled in) and `device`.
+    outs: paths for `curves` (csv), `rankings` (csv), `finding` (rst, the measured verdict
+    the report captions include), `fig7` (png), `table3_csv`, `table3_md`, `table4_csv`,
+    `table4_md`.
+    """
+    dev = resolve_device(device)
+    meta = json.loads(Path(data_meta).read_text())
+    arrays = load_npz(data_npz) if kind != "hf" else {}
+    attention, haar = _read_samples(attention_stores, entropy_store)
+    net, tok = _load(kind, model_cfg, meta, checkpoint, dev)
+    layout = head_layout(net, kind)
+    if haar.shape[1:] != layout.shape:
+        raise ValueError(f"entropy store has {haar.shape[1:]} (layer, head), the model {layout.shape}")
+    rng = np.random.default_rng(seed)
+
+    samples, used = _ranking_samples(kind, model_cfg, attention, arrays, meta)
+    data = _held_out(kind, model_cfg, net, tok, layout, arrays, meta, samples, used, held_out, rng, batch_size)
+    per_sample, mean_scores = _scores(net, layout, samples, attention, haar, grad_projections, seed, batch_size)
+    n_units = layout.n_layer * layout.n_head
+    orders = _orders(mean_scores, n_units, random_seeds, seed)
+    ks = mask_counts(n_units, fraction_step)
+    curves = _curves(net, layout, data, orders, ks, batch_size)
+    m = _Measured(model_cfg["name"], kind, layout.shape, haar.shape[0], len(data), ks, per_sample, mean_scores,
+                  orders, curves)
+    _write_outputs(m, outs, tolerance, stability_fraction)
+
+
+# -- outputs ------------------------------------------------------------------------------------
+def _verdict(name: str, kind: str, table3: list, base: float, tol: float, n_units: int) -> str:
+    """The finding as measured: does masking lowest-Haar-entropy first beat random orders?"""
+    metric, higher = METRICS[kind]
+    row = {r["ranking"]: r for r in table3}
+    sign = 1.0 if higher else -1.0
+    low, high, grad, rnd = row[HAAR_LOW], row[HAAR_HIGH], row[GRADIENT], row[RANDOM]
+    a_rand = np.asarray(rnd["auc_seeds"])
+    n_r = a_rand.size
+    if sign * low["auc"] > (sign * a_rand).max():
+        vs_rand, predicts = f"better than every one of the {n_r} random orders", True
+    elif sign * low["auc"] < (sign * a_rand).min():
+        vs_rand, predicts = f"worse than every one of the {n_r} random orders", False
+    else:
+        vs_rand, predicts = f"within the spread of the {n_r} random orders", False
+
+    def cmp(other):
+        return "better" if sign * low["auc"] > sign * other["auc"] else "worse"
+
+    def heads(frac):
+        return f"{frac:.0%} ({round(frac * n_units)} of {n_units} heads)"
+
+    auc_of = "log perplexity" if kind == "txl" else metric
+    best = max(table3, key=lambda r: sign * r["auc"])
+    verdict = ("**Low Haar entropy predicts prunable heads here**" if predicts else
+               "**Low Haar entropy does not predict prunable heads here**")
+    return (f"{verdict} ({name}, measured on held-out data). Masking heads lowest Haar entropy first gives a "
+            f"curve of held-out {metric} {vs_rand}: area under the curve of {auc_of} {low['auc']:.4g} against "
+            f"{a_rand.mean():.4g} for random orders (min {a_rand.min():.4g}, max {a_rand.max():.4g}; "
+            f"{'higher' if higher else 'lower'} is better); {cmp(high)} than highest first "
+            f"({high['auc']:.4g}) and {cmp(grad)} than gradient importance ({grad['auc']:.4g}). "
+            f"Lowest entropy first masks up to {heads(low['tolerated_fraction'])} with at most {tol:.0%} "
+            f"relative loss of the {metric} (unmasked {base:.4g}); random orders "
+            f"{rnd['tolerated_fraction']:.0%} on average, gradient importance {heads(grad['tolerated_fraction'])}. "
+            f"Best ranking by area: {best['ranking']}.")
+
+
+def _stability_prose(t4, n_samples: int, stability_fraction: float) -> str:
+    rh = t4.set_index("ranking")
+    return (f"Across the {n_samples} samples the Haar-entropy ranking has mean Spearman "
+            f"{rh.loc[HAAR_LOW, 'spearman_mean']:.2f} and its bottom-{stability_fraction:.0%} set mean Jaccard "
+            f"{rh.loc[HAAR_LOW, 'jaccard_mean']:.2f} (gradient importance {rh.loc[GRADIENT, 'spearman_mean']:.2f} / "
+            f"{rh.loc[GRADIENT, 'jaccard_mean']:.2f}; random orders between seeds "
+            f"{rh.loc[RANDOM, 'spearman_mean']:.2f} / {rh.loc[RANDOM, 'jaccard_mean']:.2f}); the mean Haar "
+            f"entropy correlates with gradient importance at Spearman "
+            f"{rh.loc[HAAR_LOW, 'spearman_with_gradient']:.2f}.")
+
+
+def _blank_nan(df):
+    return df.astype(object).where(df.notna(), None)
+
+
+def _write_outputs(m: _Measured, outs: dict, tolerance: float, stability_fraction: float) -> None:
+    import pandas as pd
+
+    metric, higher = METRICS[m.kind]
+    L, H = m.shape
+    rows3 = curve_summary(m.fractions, m.curves, m.base, higher, tolerance, metric, log=m.kind == "txl")
+    finding = _verdict(m.name, m.kind, rows3, m.base, tolerance, m.n_units)
+    t4 = pd.DataFrame(ranking_stability(m.orders, m.per_sample, m.mean_scores, stability_fraction))
+    stab = _stability_prose(t4, m.n_samples, stability_fraction)
+    log.info("%s", finding)
+    log.info("%s", stab)
+
+    curves = pd.DataFrame([{"ranking": k, "order": j, "k": int(kk), "fraction": float(f),
+                            metric: float(np.atleast_2d(m.curves[k])[j, i])}
+                           for k in RANKINGS for j in range(len(m.orders[k]))
+                           for i, (kk, f) in enumerate(zip(m.ks, m.fractions))])
+    store.atomic_write_text(outs["curves"], curves.to_csv(index=False))
+    rankings = pd.DataFrame([{"ranking": k, "order": j, "position": p, "layer": int(u // H), "head": int(u % H),
+                              "score": float(m.mean_scores[k].reshape(-1)[u]) if k != RANDOM else float("nan")}
+                             for k in RANKINGS for j, o in enumerate(m.orders[k]) for p, u in enumerate(o)])
+    store.atomic_write_text(outs["rankings"], rankings.to_csv(index=False))
+
+    t3 = pd.DataFrame([{k: v for k, v in r.items() if k not in ("auc_seeds", "tolerated_seeds")} for r in rows3])
+    t3.insert(0, "model", m.name)
+    t4.insert(0, "model", m.name)
+    store.atomic_write_text(outs["table3_csv"], t3.to_csv(index=False))
+    store.atomic_write_text(outs["table4_csv"], t4.to_csv(index=False))
+    n_seeds = len(m.orders[RANDOM])
+    auc_of = "log perplexity" if m.kind == "txl" else metric
+    md3 = t3.drop(columns=["model"]).rename(columns={
+        "auc": f"AUC ({auc_of})", "auc_sd": "AUC sd", "n_orders": "orders",
+        "tolerated_fraction": f"max fraction within {tolerance:.0%}", "tolerated_fraction_sd": "sd"})
+    store.atomic_write_text(outs["table3_md"], (
+        f"{finding}\n\n" + _blank_nan(md3).to_markdown(index=False, floatfmt=".4g", missingval="") +
+        f"\n\n{m.name}: {m.n_units} heads ({L} layers x {H}), masked k = {m.ks.tolist()}; metric: held-out "
+        f"{metric} ({'higher' if higher else 'lower'} is better), unmasked {m.base:.4g}, on {m.n_held_out} "
+        f"held-out examples. AUC: trapezoidal area over the fraction masked (0 to 1); random: mean and sd over "
+        f"{n_seeds} seeds. Max fraction: the largest fraction such that it and every smaller one lose "
+        f"at most {tolerance:.0%} (relative) of the unmasked {metric}.\n"))
+    md4 = t4.drop(columns=["model"]).rename(columns={
+        "spearman_mean": "Spearman mean", "spearman_min": "Spearman min",
+        "jaccard_mean": f"Jaccard bottom {stability_fraction:.0%} mean", "jaccard_min": "Jaccard min",
+        "spearman_with_gradient": "Spearman with gradient importance"})
+    store.atomic_write_text(outs["table4_md"], (
+        f"{stab}\n\n" + _blank_nan(md4).to_markdown(index=False, floatfmt=".3g", missingval="") +
+        f"\n\n{m.name}: per-sample scores of each ranking over {m.n_samples} samples (random: the {n_seeds} "
+        f"seeds' orders, the chance level); bottom set = the {stability_fraction:.0%} of the {m.n_units} heads "
+        "each ranking masks first. Last column: Spearman correlation of the ranking's mean score with the "
+        "per-layer-normalised gradient importance.\n"))
+    # reST: a trailing underscore would make the model name a link target
+    rst_name = m.name.replace("_", "\\_")
+    store.atomic_write_text(outs["finding"], f"*Measured on {rst_name}:* "
+                            + f"{finding} {stab}".replace(m.name, rst_name) + "\n")
+    _write_fig7(m, outs["fig7"])
+
+
+def _write_fig7(m: _Measured, path) -> None:
+    from .. import plots
+
+    metric, _ = METRICS[m.kind]
+    fig = plots.fig7_ablation(m.fractions, m.curves, f"held-out {metric}",
+                              title=f"{m.name}: held-out {metric} vs. fraction of heads masked")
+    if m.kind == "txl":  # perplexity grows exponentially as heads go
+        from matplotlib.ticker import FuncFormatter
+        ax = fig.axes[0]
+        ax.set_yscale("log")
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}"))
+    plots.save(fig, path)
