@@ -224,10 +224,13 @@ def n_units(model: dict) -> tuple[int, int] | None:
 
 
 def check_config(config: dict) -> None:
+    from .softmax_free import check_config as check_softmax_free  # it imports this module
+
     names = [m["name"] for m in config["models"]]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"models[].name: {dup} used more than once; model names must be unique")
+    check_softmax_free(config)
     ent = config["entropy"]
     for i, m in enumerate(config["models"]):
         where = f"models[{i}] ({m['name']})"

@@ -108,9 +108,10 @@ def test_readme_command_runs_and_plans_what_the_readme_says(project, command, cl
     if claim is not None:
         assert set(planned) == claim, f"`{command}` planned {planned}; the README says {sorted(claim)}"
     if "softmax_free" in shlex.split(command):
-        # its own trainings: never the workflow's models again
-        assert planned.get("softmax_free_train", 0) > 0
-        assert not {"train", "extract", "organize"} & set(planned)
+        # its own trainings and their analysis: never the workflow's models again
+        assert planned.get("softmax_free_train", 0) > 0 and "train" not in planned
+        models = set(re.findall(r"wildcards: model=([^,\s]+)", out))
+        assert models and all(m.startswith("softmax_free/") for m in models), models
     if "workflow/presets/paper.yaml" in command:
         assert {"train", "extract", "organize", "decompose"} <= set(planned)
 
@@ -162,7 +163,7 @@ def test_editing_the_questionnaire_reruns_organize_and_after_and_undoing_it_noth
 
 
 def test_editing_plots_reruns_the_figures_only(project):
-    edit = Edit(project / "oattn_lib" / "plots.py")
+    edit = Edit(project / "oattn_lib" / "plots" / "style.py")
     try:
         edit.replace("DPI = ", "_EDITED = True\nDPI = ")
         assert dry_run(project) == {"figures": 3, "prune": 3, "summary": 1, "all": 1}

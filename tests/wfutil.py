@@ -11,28 +11,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
-TINY = {
-    "results": "results",
-    "models": [
-        {"name": "txl", "kind": "txl",
-         "data": {"corpus": "stdlib", "min_freq": 5, "max_size": 2000, "seed": 0},
-         "arch": {"n_layer": 2, "n_head": 2, "d_model": 32, "d_head": 8, "d_inner": 64,
-                  "tgt_len": 24, "mem_len": 24, "dropout": 0.1, "cutoffs": [500]},
-         "train": {"steps": 200, "batch_size": 16, "lr": 0.005, "warmup": 10, "seed": 0},
-         "extract": {"quantity": "scores", "n_samples": 2, "seed": 0}},
-        {"name": "vit", "kind": "vit",
-         "data": {"dataset": "digits", "image_size": 16, "seed": 0},
-         "arch": {"patch_size": 4, "num_layers": 2, "num_heads": 2, "hidden_dim": 16, "mlp_dim": 32},
-         "train": {"epochs": 4, "batch_size": 32, "lr": 0.003, "seed": 0},
-         "extract": {"quantity": "probs", "n_samples": 2, "seed": 0}},
-        {"name": "lm", "kind": "hf", "path": "minilm", "data": {"corpus": "stdlib", "seed": 0},
-         "extract": {"quantity": "probs", "n_samples": 2, "seed": 0, "max_length": 20}},
-    ],
-    "organize": {"n_iters": 1},
-    "decompose": {"figure_heads": [[0, 0], [-1, -1]], "questionnaire2d_iters": 2, "random_tree_seeds": 1},
-    "entropy": {"head_top_k": 16, "network_top_k": 10, "fraction": 0.25},
-    "figures": {"entropy_samples": 2, "trihaar_samples": 2, "trihaar_top_k": 20},
-}
+# The one tiny config (workflow/presets/test.yaml, also the SLURM CI's), run in a temporary
+# directory with its results under results/ there.
+TINY = {**yaml.safe_load((REPO / "workflow" / "presets" / "test.yaml").read_text()), "results": "results"}
 
 
 def snakemake(workdir: Path, config: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:

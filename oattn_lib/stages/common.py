@@ -2,6 +2,7 @@
 organization."""
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -14,7 +15,8 @@ from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["network_tensor", "unit_coords", "plain", "load_network", "load_organization", "model_mask"]
+__all__ = ["network_tensor", "unit_coords", "plain", "load_network", "load_organization", "model_mask",
+           "softmax_heads"]
 
 
 def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
@@ -62,7 +64,10 @@ def model_mask(att, layer: int, head: int, logits: np.ndarray, crop) -> np.ndarr
 
     The mask is read from the stored probabilities of the head's layer (`attention_mask`).
     Without a crop, the masked softmax of the stored scores must then be the head's stored
-    probabilities, which is checked: the reference is what the model computed.
+    probabilities, which is checked: the reference is what the model computed. A Tensor
+    Attention model (its store's config has arch.attention other than softmax) has no
+    softmax to check against; its mask is read the same way (its probs are exactly 0 where
+    it masks).
     """
     probs = att["probs"].sel(layer=layer).transpose("head", "query", "key").values
     if crop is not None:
@@ -71,7 +76,7 @@ def model_mask(att, layer: int, head: int, logits: np.ndarray, crop) -> np.ndarr
     masked = attention_mask(probs)
     if not masked.any():
         return None
-    if crop is None:
+    if crop is None and softmax_heads(att):
         z = np.where(masked, -np.inf, logits)
         ref = np.exp(z - z.max(1, keepdims=True))
         ref /= ref.sum(1, keepdims=True)
@@ -80,3 +85,10 @@ def model_mask(att, layer: int, head: int, logits: np.ndarray, crop) -> np.ndarr
             raise ValueError(f"probs: layer {layer} head {head} is not the softmax of the stored scores under "
                              f"the mask read from the probabilities (max difference {err:.3g})")
     return ~masked
+
+
+def softmax_heads(att) -> bool:
+    """Whether the heads of an attention store are softmax heads: False for a model with a
+    Tensor Attention variant (arch.attention in the store's config)."""
+    config = json.loads(att.attrs.get("config", "{}"))
+    return config.get("arch", {}).get("attention", "softmax") == "softmax"

@@ -2,7 +2,7 @@
 #
 # The config reaching this file is complete (schema defaults filled in) and canonical (keys
 # sorted, numbers in the schema's types: oattn_lib.config.validate_config), so the params
-# of every rule compare by value: the same config written in another key order or number
+# of the rules compare by value: the same config written in another key order or number
 # form plans nothing.
 import ast
 import json
@@ -11,28 +11,45 @@ import re
 
 from snakemake.settings.types import RerunTrigger
 
+from oattn_lib import softmax_free
 from oattn_lib.fingerprint import code_fingerprint
 
 R = config["results"]
+# the config's models: every rule, the tables, figures and summary
 MODELS = {m["name"]: m for m in config["models"]}
+# the softmax-free experiment's runs (softmax_free.smk), generated from the config: models
+# named softmax_free/<model>/<attention>/seed<k>, stored under results/<that name>/, trained
+# by softmax_free_train and analysed by the extract, organize, decompose and entropy rules
+# (ANALYSED_MODEL), never by tables, figures, prune or the summary
+SF = config["softmax_free"]
+SF_DIR = f"{R}/{softmax_free.PREFIX}"
+SF_MODELS = softmax_free.run_models(config)
+ANALYSED = {**MODELS, **SF_MODELS}
 FIGURES = [f"fig{i}" for i in range(1, 7)]
 
 
+def name_pattern(names):
+    return "|".join(re.escape(n) for n in names) or "(?!)"
+
+
+ANALYSED_MODEL = name_pattern(ANALYSED)
+
+
 wildcard_constraints:
-    model="|".join(re.escape(m) for m in MODELS),
+    model=name_pattern(MODELS),
     sample=r"\d+",
 
 
 def model_cfg(wildcards):
-    return MODELS[wildcards.model]
+    return ANALYSED[wildcards.model]
 
 
 def samples(model):
-    return range(MODELS[model]["extract"]["n_samples"])
+    return range(ANALYSED[model]["extract"]["n_samples"])
 
 
 def store(path):
-    """A zarr store as a rule input or output: its root zarr.json, a plain file. A directory()
+    """A zarr store as an input or output of a rule: its root zarr.json, a plain file. A directory()
     output would get Snakemake's .snakemake_timestamp marker inside the store, which zarr
     then warns about every time a user opens it."""
     return f"{path}/zarr.json"
@@ -70,7 +87,7 @@ def code_version(rule_name, script=None):
     value recorded with the rule's outputs, so a code edit reruns nothing.
     """
     script = script or rule_name
-    fp = f"{script}:{code_fingerprint(os.path.join(workflow.basedir, 'scripts', script + '.py'), LIBRARY_ROOT)}"
+    fp = f"{script}:{code_fingerprint(os.path.join(workflow.basedir, 'scripts', f'{script}.py'), LIBRARY_ROOT)}"
     prefix = repr(f"{script}:")[:-1]
 
     def version(wildcards):
@@ -87,21 +104,27 @@ def code_version(rule_name, script=None):
     return version
 
 
+def model_data(wildcards):
+    """A model's dataset: a softmax-free run reads its base model's."""
+    name = ANALYSED[wildcards.model].get("softmax_free", {}).get("model", wildcards.model)
+    return {"npz": f"{R}/{name}/data/dataset.npz", "meta": f"{R}/{name}/data/meta.json"}
+
+
 def checkpoint_input(wildcards):
-    if MODELS[wildcards.model]["kind"] == "hf":
+    if ANALYSED[wildcards.model]["kind"] == "hf":
         return []
     return f"{R}/{wildcards.model}/model/checkpoint.pt"
 
 
 def analysis_params(wildcards):
     """What organize and everything after it read from a model's extraction config."""
-    ex = MODELS[wildcards.model]["extract"]
+    ex = ANALYSED[wildcards.model]["extract"]
     return {"quantity": ex["quantity"], "crop": ex.get("crop")}
 
 
 def extraction_params(wildcards):
     """What extraction reads: the model, not the analysed quantity (both are stored)."""
-    m = MODELS[wildcards.model]
+    m = ANALYSED[wildcards.model]
     ex = {k: v for k, v in m["extract"].items() if k not in ("quantity", "crop")}
     return {**{k: v for k, v in m.items() if k != "extract"}, "extract": ex}
 
@@ -135,7 +158,30 @@ def all_targets():
                     f"{R}/{name}/tables/table4.md"]
     # the softmax-free experiment (softmax_free.smk): when enabled, and once it has been run,
     # so that the report keeps its Table 5
-    sf_table = f"{R}/softmax_free/table5.md"
-    if config["softmax_free"]["enabled"] or os.path.exists(sf_table):
-        out += [sf_table, f"{R}/softmax_free/fig8.png"]
+    sf_table = f"{SF_DIR}/table5.md"
+    if SF["enabled"] or os.path.exists(sf_table):
+        out += [sf_table, f"{SF_DIR}/fig8.png"]
     return out
+
+
+# -- the softmax-free experiment (softmax_free.smk) ------------------------------------------
+SF_SOFTMAX = [n for n, m in SF_MODELS.items() if m["softmax_free"]["attention"] == "softmax"]
+
+
+def softmax_free_runs():
+    """Every run, as the dicts stages.softmax_free_table.table5 reads."""
+    runs = []
+    for name, m in SF_MODELS.items():
+        run = m["softmax_free"]
+        has_pp = name in SF_SOFTMAX and SF["paraproduct_samples"] > 0
+        runs.append({"model": run["model"], "kind": m["kind"], "attention": run["attention"],
+                     "seed": run["seed"], "metrics": f"{R}/{name}/model/metrics.json",
+                     "entropy": f"{R}/{name}/entropy.zarr",
+                     "paraproduct": f"{R}/{name}/paraproduct.zarr" if has_pp else None})
+    return runs
+
+
+def paraproduct_attention(wildcards):
+    """The samples of a softmax run whose every head gets a paraproduct residual."""
+    n = min(SF["paraproduct_samples"], SF["n_samples"])
+    return [ATTENTION.format(model=wildcards.model, sample=i) for i in range(n)]

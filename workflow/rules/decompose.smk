@@ -1,5 +1,6 @@
 # bi-/tri-Haar expansions, random-tree baselines, the figure heads' 2-D organization and
 # paraproduct, and the diffusion map of heads (SPEC 2, 3.3, 5, 6).
+# Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
 
 
 rule decompose:
@@ -8,6 +9,8 @@ rule decompose:
         organized=ORGANIZED,
     output:
         store=DECOMPOSED,
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
     params:
         analysis=analysis_params,
         decompose=config["decompose"],

@@ -1,4 +1,6 @@
 # Haar entropies and sparsity of every head and network, all samples of a model (SPEC 4).
+# entropy: every analysed model, the softmax-free runs included (ANALYSED_MODEL, common.smk);
+# tables: the config's models only.
 
 
 rule entropy:
@@ -6,6 +8,8 @@ rule entropy:
         decomposed=decomposed_stores,
     output:
         store=ENTROPY,
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
     params:
         head_top_k=config["entropy"]["head_top_k"],
         network_top_k=config["entropy"]["network_top_k"],

@@ -1,13 +1,15 @@
 # Extraction (GPU-capable): scores and probabilities of every head, one zarr store per sample.
+# Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
 
 
 rule extract:
     input:
-        npz=f"{R}/{{model}}/data/dataset.npz",
-        meta=f"{R}/{{model}}/data/meta.json",
+        unpack(model_data),
         checkpoint=checkpoint_input,
     output:
         store=ATTENTION,
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
     params:
         model=extraction_params,
         device=config["device"],

@@ -1,4 +1,5 @@
 # The 3-D questionnaire per sample: query, key and head trees and affinities (SPEC 3.2).
+# Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
 
 
 rule organize:
@@ -6,6 +7,8 @@ rule organize:
         attention=ATTENTION,
     output:
         store=ORGANIZED,
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
     params:
         analysis=analysis_params,
         organize=config["organize"],
