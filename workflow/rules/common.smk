@@ -144,8 +144,11 @@ GPU_RESOURCES = _gpu_resources()
 def analysis_mem_mb(wildcards, input, attempt):
     # the per-sample analysis holds a few copies of the tensor and its coefficients
     dirs = [os.path.dirname(p) if p.endswith("zarr.json") else p for p in input]
-    size_mb = sum(os.path.getsize(os.path.join(dp, f)) for p in dirs
-                  for dp, _, fs in os.walk(p) for f in fs) / 1e6 if input else 100
+    size_mb = (
+        sum(os.path.getsize(os.path.join(dp, f)) for p in dirs for dp, _, fs in os.walk(p) for f in fs) / 1e6
+        if input
+        else 100
+    )
     return int(1000 + 30 * size_mb) * attempt
 
 
@@ -154,8 +157,7 @@ def all_targets():
     for name in MODELS:
         out += [f"{R}/{name}/figures/{f}.png" for f in FIGURES]
         if config["prune"]["enabled"]:
-            out += [f"{R}/{name}/figures/fig7.png", f"{R}/{name}/tables/table3.md",
-                    f"{R}/{name}/tables/table4.md"]
+            out += [f"{R}/{name}/figures/fig7.png", f"{R}/{name}/tables/table3.md", f"{R}/{name}/tables/table4.md"]
     # the softmax-free experiment (softmax_free.smk): when enabled, and once it has been run,
     # so that the report keeps its Table 5
     sf_table = f"{SF_DIR}/table5.md"
@@ -174,10 +176,17 @@ def softmax_free_runs():
     for name, m in SF_MODELS.items():
         run = m["softmax_free"]
         has_pp = name in SF_SOFTMAX and SF["paraproduct_samples"] > 0
-        runs.append({"model": run["model"], "kind": m["kind"], "attention": run["attention"],
-                     "seed": run["seed"], "metrics": f"{R}/{name}/model/metrics.json",
-                     "entropy": f"{R}/{name}/entropy.zarr",
-                     "paraproduct": f"{R}/{name}/paraproduct.zarr" if has_pp else None})
+        runs.append(
+            {
+                "model": run["model"],
+                "kind": m["kind"],
+                "attention": run["attention"],
+                "seed": run["seed"],
+                "metrics": f"{R}/{name}/model/metrics.json",
+                "entropy": f"{R}/{name}/entropy.zarr",
+                "paraproduct": f"{R}/{name}/paraproduct.zarr" if has_pp else None,
+            }
+        )
     return runs
 
 
@@ -185,3 +194,78 @@ def paraproduct_attention(wildcards):
     """The samples of a softmax run whose every head gets a paraproduct residual."""
     n = min(SF["paraproduct_samples"], SF["n_samples"])
     return [ATTENTION.format(model=wildcards.model, sample=i) for i in range(n)]
+
+
+# -- downloads (download.smk) ------------------------------------------------------------
+DATA_ROOT = config["data_root"]
+WIKITEXT103_FILES = [f"{DATA_ROOT}/wikitext-103/wiki.{s}.tokens" for s in ("train", "valid", "test")]
+CIFAR10_FILES = [
+    f"{DATA_ROOT}/cifar-10-batches-py/{b}" for b in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+]
+
+
+def dataset_files(wildcards):
+    """The downloaded files a model's prepare_data reads ([] for stdlib text and digits)."""
+    m = MODELS[wildcards.model]
+    data = m.get("data", {})
+    if m["kind"] in ("txl", "hf") and data.get("corpus") == "wikitext103":
+        return WIKITEXT103_FILES
+    if m["kind"] == "vit" and data.get("dataset") == "cifar10":
+        return CIFAR10_FILES
+    return []
+
+
+def _vit_b_16_weights_file():
+    # imported only when a model needs the weights: torch's import costs seconds per job
+    if not any(m["kind"] == "vit" and m.get("pretrained") for m in MODELS.values()):
+        return None
+    from oattn_lib.models.vit import vit_b_16_weights_path
+
+    return str(vit_b_16_weights_path())
+
+
+VIT_B_16_WEIGHTS = _vit_b_16_weights_file()
+
+
+def pretrained_weights(wildcards):
+    """The torchvision weights file a model's train job starts from ([] unless pretrained)."""
+    m = MODELS[wildcards.model]
+    if m["kind"] == "vit" and m.get("pretrained") and VIT_B_16_WEIGHTS:
+        return VIT_B_16_WEIGHTS
+    return []
+
+
+def download_root(wildcards, output):
+    """data_root, read from a download rule's first output (<data_root>/<dataset dir>/<file>)."""
+    return os.path.dirname(os.path.dirname(output[0]))
+
+
+# -- prune (prune.smk) -------------------------------------------------------------------
+def prune_model_params(wildcards):
+    """What prune reads from a model's config: how to load it and read its data."""
+    m = MODELS[wildcards.model]
+    out = {"name": m["name"], "kind": m["kind"]}
+    if m["kind"] == "hf":
+        out["path"] = m["path"]
+    if m["kind"] == "vit":
+        out["data"] = {"image_size": m["data"]["image_size"]}
+    return out
+
+
+# -- summary (report.smk) ----------------------------------------------------------------
+def summary_inputs(wildcards):
+    inputs = {}
+    for name, m in MODELS.items():
+        if m["kind"] != "hf":
+            inputs[f"metrics_{name}"] = f"{R}/{name}/model/metrics.json"
+        inputs[f"table1_{name}"] = f"{R}/{name}/tables/table1.md"
+        inputs[f"table2_{name}"] = f"{R}/{name}/tables/table2.md"
+        inputs[f"table1csv_{name}"] = f"{R}/{name}/tables/table1.csv"
+        inputs[f"table2csv_{name}"] = f"{R}/{name}/tables/table2.csv"
+        inputs[f"entropy_{name}"] = ENTROPY.format(model=name)
+        inputs[f"temperature_{name}"] = f"{R}/{name}/figures/temperature.json"
+        if config["prune"]["enabled"]:
+            inputs[f"table3_{name}"] = f"{R}/{name}/tables/table3.md"
+            inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"
+            inputs[f"table3csv_{name}"] = f"{R}/{name}/tables/table3.csv"
+    return inputs

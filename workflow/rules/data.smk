@@ -7,19 +7,19 @@ rule prepare_data:
     output:
         npz=f"{R}/{{model}}/data/dataset.npz",
         meta=f"{R}/{{model}}/data/meta.json",
+    log:
+        f"{R}/logs/{{model}}/prepare_data.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/prepare_data.tsv"
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
     params:
         kind=lambda w: model_cfg(w)["kind"],
         data=lambda w: model_cfg(w)["data"],
         data_root=config["data_root"],
         code=code_version("prepare_data"),
-    log:
-        f"{R}/logs/{{model}}/prepare_data.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/prepare_data.tsv"
-    threads: 1
-    resources:
-        mem_mb=4000,
-    conda:
-        "../../envs/oattn.yaml"
     script:
         "../../scripts/prepare_data.py"

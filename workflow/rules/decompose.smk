@@ -9,21 +9,21 @@ rule decompose:
         organized=ORGANIZED,
     output:
         store=DECOMPOSED,
-    wildcard_constraints:
-        model=ANALYSED_MODEL,
-    params:
-        analysis=analysis_params,
-        decompose=config["decompose"],
-        code=code_version("decompose"),
     log:
         f"{R}/logs/{{model}}/decompose_sample{{sample}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/decompose_sample{{sample}}.tsv"
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
+    conda:
+        "../../envs/oattn.yaml"
     threads: 1
     resources:
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
-    conda:
-        "../../envs/oattn.yaml"
+    params:
+        analysis=analysis_params,
+        decompose=config["decompose"],
+        code=code_version("decompose"),
     script:
         "../../scripts/decompose.py"

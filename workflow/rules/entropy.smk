@@ -8,21 +8,21 @@ rule entropy:
         decomposed=decomposed_stores,
     output:
         store=ENTROPY,
-    wildcard_constraints:
-        model=ANALYSED_MODEL,
-    params:
-        head_top_k=config["entropy"]["head_top_k"],
-        network_top_k=config["entropy"]["network_top_k"],
-        code=code_version("entropy"),
     log:
         f"{R}/logs/{{model}}/entropy.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/entropy.tsv"
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
+    conda:
+        "../../envs/oattn.yaml"
     threads: 1
     resources:
         mem_mb=analysis_mem_mb,
-    conda:
-        "../../envs/oattn.yaml"
+    params:
+        head_top_k=config["entropy"]["head_top_k"],
+        network_top_k=config["entropy"]["network_top_k"],
+        code=code_version("entropy"),
     script:
         "../../scripts/entropy.py"
 
@@ -32,18 +32,20 @@ rule tables:
         entropy=ENTROPY,
     output:
         table1_csv=f"{R}/{{model}}/tables/table1.csv",
-        table1_md=report(f"{R}/{{model}}/tables/table1.md", caption="../report/table1.rst",
-                         category="Tables", subcategory="{model}"),
+        table1_md=report(
+            f"{R}/{{model}}/tables/table1.md", caption="../report/table1.rst", category="Tables", subcategory="{model}"
+        ),
         table2_csv=f"{R}/{{model}}/tables/table2.csv",
-        table2_md=report(f"{R}/{{model}}/tables/table2.md", caption="../report/table2.rst",
-                         category="Tables", subcategory="{model}"),
+        table2_md=report(
+            f"{R}/{{model}}/tables/table2.md", caption="../report/table2.rst", category="Tables", subcategory="{model}"
+        ),
+    log:
+        f"{R}/logs/{{model}}/tables.log",
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
     params:
         fraction=config["entropy"]["fraction"],
         code=code_version("tables"),
-    log:
-        f"{R}/logs/{{model}}/tables.log",
-    threads: 1
-    conda:
-        "../../envs/oattn.yaml"
     script:
         "../../scripts/tables.py"

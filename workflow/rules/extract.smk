@@ -8,20 +8,20 @@ rule extract:
         checkpoint=checkpoint_input,
     output:
         store=ATTENTION,
-    wildcard_constraints:
-        model=ANALYSED_MODEL,
-    params:
-        model=extraction_params,
-        device=config["device"],
-        code=code_version("extract"),
     log:
         f"{R}/logs/{{model}}/extract_sample{{sample}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/extract_sample{{sample}}.tsv"
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
+    conda:
+        "../../envs/oattn.yaml"
     threads: 1
     resources:
         **GPU_RESOURCES,
-    conda:
-        "../../envs/oattn.yaml"
+    params:
+        model=extraction_params,
+        device=config["device"],
+        code=code_version("extract"),
     script:
         "../../scripts/extract.py"

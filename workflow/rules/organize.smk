@@ -7,21 +7,21 @@ rule organize:
         attention=ATTENTION,
     output:
         store=ORGANIZED,
-    wildcard_constraints:
-        model=ANALYSED_MODEL,
-    params:
-        analysis=analysis_params,
-        organize=config["organize"],
-        code=code_version("organize"),
     log:
         f"{R}/logs/{{model}}/organize_sample{{sample}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/organize_sample{{sample}}.tsv"
+    wildcard_constraints:
+        model=ANALYSED_MODEL,
+    conda:
+        "../../envs/oattn.yaml"
     threads: 1
     resources:
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
-    conda:
-        "../../envs/oattn.yaml"
+    params:
+        analysis=analysis_params,
+        organize=config["organize"],
+        code=code_version("organize"),
     script:
         "../../scripts/organize.py"

@@ -3,17 +3,6 @@
 # (Figure 7, Table 3) and each ranking's stability across samples is compared (Table 4).
 
 
-def prune_model_params(wildcards):
-    """What prune reads from a model's config: how to load it and read its data."""
-    m = MODELS[wildcards.model]
-    out = {"name": m["name"], "kind": m["kind"]}
-    if m["kind"] == "hf":
-        out["path"] = m["path"]
-    if m["kind"] == "vit":
-        out["data"] = {"image_size": m["data"]["image_size"]}
-    return out
-
-
 rule prune:
     input:
         npz=f"{R}/{{model}}/data/dataset.npz",
@@ -25,27 +14,30 @@ rule prune:
         curves=f"{R}/{{model}}/prune/curves.csv",
         rankings=f"{R}/{{model}}/prune/rankings.csv",
         finding=f"{R}/{{model}}/prune/finding.rst",
-        fig7=report(f"{R}/{{model}}/figures/fig7.png", caption="../report/fig7.rst",
-                    category="Figures", subcategory="{model}"),
+        fig7=report(
+            f"{R}/{{model}}/figures/fig7.png", caption="../report/fig7.rst", category="Figures", subcategory="{model}"
+        ),
         table3_csv=f"{R}/{{model}}/tables/table3.csv",
-        table3_md=report(f"{R}/{{model}}/tables/table3.md", caption="../report/table3.rst",
-                         category="Tables", subcategory="{model}"),
+        table3_md=report(
+            f"{R}/{{model}}/tables/table3.md", caption="../report/table3.rst", category="Tables", subcategory="{model}"
+        ),
         table4_csv=f"{R}/{{model}}/tables/table4.csv",
-        table4_md=report(f"{R}/{{model}}/tables/table4.md", caption="../report/table4.rst",
-                         category="Tables", subcategory="{model}"),
+        table4_md=report(
+            f"{R}/{{model}}/tables/table4.md", caption="../report/table4.rst", category="Tables", subcategory="{model}"
+        ),
+    log:
+        f"{R}/logs/{{model}}/prune.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/prune.tsv"
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
+    resources:
+        **GPU_RESOURCES,
     params:
         model=prune_model_params,
         prune={k: v for k, v in config["prune"].items() if k != "enabled"},
         device=config["device"],
         code=code_version("prune"),
-    log:
-        f"{R}/logs/{{model}}/prune.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/prune.tsv"
-    threads: 1
-    resources:
-        **GPU_RESOURCES,
-    conda:
-        "../../envs/oattn.yaml"
     script:
         "../../scripts/prune.py"

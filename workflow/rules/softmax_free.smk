@@ -16,8 +16,17 @@ rule softmax_free_train:
     output:
         checkpoint=f"{R}/{{model}}/model/checkpoint.pt",
         metrics=f"{R}/{{model}}/model/metrics.json",
+    log:
+        f"{R}/logs/{{model}}/train.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/train.tsv"
     wildcard_constraints:
         model=name_pattern(SF_MODELS),
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
+    resources:
+        **GPU_RESOURCES,
     params:
         kind=lambda w: model_cfg(w)["kind"],
         arch=lambda w: model_cfg(w)["arch"],
@@ -28,15 +37,6 @@ rule softmax_free_train:
         steps=SF["steps"],
         device=config["device"],
         code=code_version("softmax_free_train"),
-    log:
-        f"{R}/logs/{{model}}/train.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/train.tsv"
-    threads: 1
-    resources:
-        **GPU_RESOURCES,
-    conda:
-        "../../envs/oattn.yaml"
     script:
         "../../scripts/softmax_free_train.py"
 
@@ -46,21 +46,21 @@ rule softmax_free_paraproduct:
         attention=paraproduct_attention,
     output:
         store=store(f"{R}/{{model}}/paraproduct.zarr"),
-    wildcard_constraints:
-        model=name_pattern(SF_SOFTMAX),
-    params:
-        questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
-        code=code_version("softmax_free_paraproduct"),
     log:
         f"{R}/logs/{{model}}/paraproduct.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/paraproduct.tsv"
+    wildcard_constraints:
+        model=name_pattern(SF_SOFTMAX),
+    conda:
+        "../../envs/oattn.yaml"
     threads: 1
     resources:
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
-    conda:
-        "../../envs/oattn.yaml"
+    params:
+        questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
+        code=code_version("softmax_free_paraproduct"),
     script:
         "../../scripts/softmax_free_paraproduct.py"
 
@@ -74,14 +74,14 @@ rule softmax_free_table:
         csv=f"{SF_DIR}/table5.csv",
         md=report(f"{SF_DIR}/table5.md", caption="../report/table5.rst", category="Softmax-free"),
         fig=report(f"{SF_DIR}/fig8.png", caption="../report/fig8.rst", category="Softmax-free"),
+    log:
+        f"{R}/logs/softmax_free/table5.log",
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
     params:
         runs=SF_RUNS,
         code=code_version("softmax_free_table"),
-    log:
-        f"{R}/logs/softmax_free/table5.log",
-    threads: 1
-    conda:
-        "../../envs/oattn.yaml"
     script:
         "../../scripts/softmax_free_table.py"
 

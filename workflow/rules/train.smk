@@ -8,8 +8,21 @@ rule train:
         weights=pretrained_weights,
     output:
         checkpoint=f"{R}/{{model}}/model/checkpoint.pt",
-        metrics=report(f"{R}/{{model}}/model/metrics.json", caption="../report/metrics.rst",
-                       category="Training", subcategory="{model}"),
+        metrics=report(
+            f"{R}/{{model}}/model/metrics.json",
+            caption="../report/metrics.rst",
+            category="Training",
+            subcategory="{model}",
+        ),
+    log:
+        f"{R}/logs/{{model}}/train.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/train.tsv"
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 2
+    resources:
+        **GPU_RESOURCES,
     params:
         kind=lambda w: model_cfg(w)["kind"],
         arch=lambda w: model_cfg(w)["arch"],
@@ -18,14 +31,5 @@ rule train:
         pretrained=lambda w: model_cfg(w)["pretrained"],
         device=config["device"],
         code=code_version("train"),
-    log:
-        f"{R}/logs/{{model}}/train.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/train.tsv"
-    threads: 2
-    resources:
-        **GPU_RESOURCES,
-    conda:
-        "../../envs/oattn.yaml"
     script:
         "../../scripts/train.py"
