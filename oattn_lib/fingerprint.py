@@ -10,7 +10,8 @@ DAG build time and never loads torch.
 What is hashed is each module's syntax tree without docstrings (`ast.dump`, no line
 numbers): editing a comment, a docstring or the layout changes nothing, editing code
 does. Parent packages' `__init__` modules count (importing a submodule runs them). A
-module that imports with `importlib` (a lazy package like `oattn_lib.data`) pulls in
+module that imports with `importlib` or declares lazy exports (a lazy package like
+`oattn_lib.data`, through `oattn_lib._lazy.lazy_exports`) pulls in
 every module of its package, since the static graph cannot see which it loads.
 """
 from __future__ import annotations
@@ -76,8 +77,10 @@ def _imported_modules(root: Path, name: str | None, tree: ast.Module) -> set[str
             for alias in node.names:  # `from oattn_lib import store` names a module
                 if _module_file(root, f"{mod}.{alias.name}") is not None:
                     found.add(f"{mod}.{alias.name}")
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr == "import_module" and package is not None):
+        elif (isinstance(node, ast.Call) and package is not None
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id == "lazy_exports"))):
+            # a lazy package (oattn_lib._lazy.lazy_exports) may import any of its modules
             found.update(_package_modules(root, package))
     # importing a submodule runs every parent package's __init__
     for mod in list(found):

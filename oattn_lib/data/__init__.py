@@ -11,7 +11,7 @@ Names are imported on first use (PEP 562), so text-only scripts do not import to
 """
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "text": ("stdlib_corpus", "stdlib_named_documents", "tokenize_words", "Vocab",
@@ -22,18 +22,4 @@ _EXPORTS = {
     "download": ("download", "fetch_wikitext103", "fetch_cifar10", "WIKITEXT103_URLS",
                  "WIKITEXT103_MD5", "CIFAR10_URL", "CIFAR10_MD5"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = list(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

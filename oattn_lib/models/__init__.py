@@ -12,24 +12,10 @@ workflow start-up does not import torch.
 """
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "txl": ("TransformerXL", "TXLConfig", "TXLOutput"),
     "vit": ("build_vit", "vit_attention"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = list(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
