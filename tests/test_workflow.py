@@ -96,7 +96,8 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     cfg = copy.deepcopy(TINY)
     cfg["entropy"]["head_top_k"] = 9
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
-    assert jobs == {"entropy": 3, "tables": 3, "figures": 3, "prune": 3, "summary": 1, "all": 1}
+    assert jobs == {"entropy": 3, "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1,
+                    "summary": 1, "all": 1}
 
 
 def test_changing_the_questionnaire_reruns_organize_and_after(run):
@@ -104,7 +105,7 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     cfg["organize"]["n_iters"] = 2
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     assert jobs == {"organize": 6, "decompose": 6, "entropy": 3, "tables": 3, "figures": 3, "prune": 3,
-                    "summary": 1, "all": 1}
+                    "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 
 
 def test_unchanged_config_plans_nothing(run):

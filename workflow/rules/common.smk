@@ -153,7 +153,7 @@ def analysis_mem_mb(wildcards, input, attempt):
 
 
 def all_targets():
-    out = [f"{R}/summary.md"]
+    out = [f"{R}/summary.md", f"{R}/explorer.html"]
     for name in MODELS:
         out += [f"{R}/{name}/figures/{f}.png" for f in FIGURES]
         if config["prune"]["enabled"]:
