@@ -84,7 +84,8 @@ def recording_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     query (batch, heads, q, d), key/value (batch, kv_heads, k, d); returns the attention
     output (batch, q, heads, d) and the probabilities, as transformers' eager functions do.
     The softmax runs in float32 (as in eager Llama-style models; for float32 models, as
-    in every eager model) and the probabilities are cast back to the query dtype.
+    in every eager model; float64 models in float64) and the probabilities are cast back to
+    the query dtype.
     """
     if kwargs.get("s_aux") is not None or isinstance(getattr(module, "sinks", None), torch.Tensor):
         raise NotImplementedError(
@@ -107,8 +108,10 @@ def recording_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
             mask = torch.where(mask, torch.zeros((), dtype=scores.dtype, device=mask.device),
                                torch.finfo(scores.dtype).min)
         logits = scores + mask
-    probs32 = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    probs = probs32.to(query.dtype)
+    # float32 at least (float64 models keep their precision, which gradient checks need)
+    probs_wide = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    probs32 = probs_wide.float()
+    probs = probs_wide.to(query.dtype)
 
     record = _ACTIVE.get()
     if record is not None:
@@ -146,7 +149,7 @@ def supports_attention_interface(model_or_class) -> bool:
 # --------------------------------------------------------------------------- loading
 
 def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-            local_files_only: bool | None = None):
+            local_files_only: bool | None = None, causal_lm: bool = False):
     """Load a transformers model and its tokenizer for attention extraction, in eval mode.
 
     `path_or_name` is a local directory, a hub name already in the local cache, or the
@@ -154,9 +157,10 @@ def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.
     when the path is a directory or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set.
     Models that dispatch through the `AttentionInterface` get the recording attention
     (scores and probabilities); others get plain eager attention (probabilities only).
-    Returns (model, tokenizer).
+    `causal_lm=True` loads a decoder with its language-model head (AutoModelForCausalLM),
+    for scoring next-token predictions.  Returns (model, tokenizer).
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise ValueError(f"path_or_name: expected a path or model name, got {type(path_or_name).__name__}")
@@ -169,15 +173,16 @@ def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.
     config = AutoConfig.from_pretrained(path_or_name, local_files_only=local_files_only)
     model_class = None
     try:
-        from transformers.models.auto.modeling_auto import MODEL_MAPPING
-        model_class = MODEL_MAPPING[type(config)]
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
+        model_class = (MODEL_FOR_CAUSAL_LM_MAPPING if causal_lm else MODEL_MAPPING)[type(config)]
     except Exception:  # remote code or an unmapped config: decide after loading
         pass
     if model_class is None or supports_attention_interface(model_class):
         attn = register_recording_attention()
     else:
         attn = "eager"
-    model = AutoModel.from_pretrained(path_or_name, config=config, attn_implementation=attn, dtype=dtype,
+    auto = AutoModelForCausalLM if causal_lm else AutoModel
+    model = auto.from_pretrained(path_or_name, config=config, attn_implementation=attn, dtype=dtype,
                                       local_files_only=local_files_only)
     if attn != "eager" and not supports_attention_interface(model):
         model.set_attn_implementation("eager")
