@@ -37,8 +37,13 @@ def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
 
 
 def unit_coords(x: xr.DataArray) -> dict:
-    return {"unit_layer": ("unit", x["layer"].values.astype(np.int64)),
-            "unit_head": ("unit", x["head"].values.astype(np.int64))}
+    """Each unit's layer and head, and its key/value head (`kv_group`) where the attention store
+    records one (grouped-query models)."""
+    out = {"unit_layer": ("unit", x["layer"].values.astype(np.int64)),
+           "unit_head": ("unit", x["head"].values.astype(np.int64))}
+    if "kv_group" in x.coords:
+        out["unit_kv_group"] = ("unit", np.broadcast_to(x["kv_group"].values, x["unit"].shape).astype(np.int64))
+    return out
 
 
 def plain(x: xr.DataArray) -> np.ndarray:
