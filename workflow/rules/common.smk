@@ -139,6 +139,8 @@ def _gpu_resources():
 
 
 GPU_RESOURCES = _gpu_resources()
+# organize and decompose: a GPU each when asked for (resources.analysis_gpu), for the engine
+ANALYSIS_GPU = {"gpu": config["resources"]["analysis_gpu"]} if config["resources"]["analysis_gpu"] > 0 else {}
 
 
 def analysis_mem_mb(wildcards, input, attempt):
