@@ -271,3 +271,22 @@ def summary_inputs(wildcards):
             inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"
             inputs[f"table3csv_{name}"] = f"{R}/{name}/tables/table3.csv"
     return inputs
+
+
+# -- explorer ------------------------------------------------------------------------------
+def explorer_inputs(wildcards):
+    inputs = {
+        "attention": attention_stores(wildcards),
+        "organized": organized_stores(wildcards),
+        "decomposed": decomposed_stores(wildcards),
+        "entropy": ENTROPY.format(model=wildcards.model),
+        "table1": f"{R}/{wildcards.model}/tables/table1.csv",
+        "table2": f"{R}/{wildcards.model}/tables/table2.csv",
+    }
+    if config["prune"]["enabled"]:
+        inputs |= {
+            "table3": f"{R}/{wildcards.model}/tables/table3.csv",
+            "table4": f"{R}/{wildcards.model}/tables/table4.csv",
+            "rankings": f"{R}/{wildcards.model}/prune/rankings.csv",
+        }
+    return inputs

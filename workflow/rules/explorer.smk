@@ -3,24 +3,6 @@
 # computes the 2-D organization and paraproduct residual of explorer.heads_2d heads per sample.
 
 
-def explorer_inputs(wildcards):
-    inputs = {
-        "attention": attention_stores(wildcards),
-        "organized": organized_stores(wildcards),
-        "decomposed": decomposed_stores(wildcards),
-        "entropy": ENTROPY.format(model=wildcards.model),
-        "table1": f"{R}/{wildcards.model}/tables/table1.csv",
-        "table2": f"{R}/{wildcards.model}/tables/table2.csv",
-    }
-    if config["prune"]["enabled"]:
-        inputs |= {
-            "table3": f"{R}/{wildcards.model}/tables/table3.csv",
-            "table4": f"{R}/{wildcards.model}/tables/table4.csv",
-            "rankings": f"{R}/{wildcards.model}/prune/rankings.csv",
-        }
-    return inputs
-
-
 rule explorer:
     input:
         unpack(explorer_inputs),

@@ -17,9 +17,9 @@ rule organize:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
+        **ANALYSIS_GPU,
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
-        **ANALYSIS_GPU,
     params:
         analysis=analysis_params,
         device=config["device"],
