@@ -60,9 +60,16 @@ class HeadOrganization:
     relative_residual_unorganized: float
 
 
-def unit_grid(layers, heads, n_head: int) -> np.ndarray:
-    """Unit index of every (layer, head) pair of a store's unit axis."""
-    return np.asarray(layers, dtype=np.int64) * n_head + np.asarray(heads, dtype=np.int64)
+def unit_grid(layers, heads, n_head: int, stored_layers=None, stored_heads=None) -> np.ndarray:
+    """Unit index (position in the stored layer x head grid) of every (layer, head) pair of a
+    store's unit axis. `stored_layers` / `stored_heads`: the model's indices a store holds
+    (extract.layers / extract.heads); None = 0, 1, ... (every one)."""
+    lay, hd = np.asarray(layers, dtype=np.int64), np.asarray(heads, dtype=np.int64)
+    if stored_layers is not None:
+        lay = np.searchsorted(np.asarray(stored_layers), lay)
+    if stored_heads is not None:
+        hd = np.searchsorted(np.asarray(stored_heads), hd)
+    return lay * n_head + hd
 
 
 def _by_unit(values: np.ndarray, units: np.ndarray, n_units: int, what: str) -> np.ndarray:
@@ -107,16 +114,17 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
     n_units = n_layer * n_head
     x = network_tensor(ds, quantity, crop)
-    units = unit_grid(x["layer"].values, x["head"].values, n_head)
+    stored = (ds["layer"].values, ds["head"].values)  # the model's indices of the stored layers and heads
+    units = unit_grid(x["layer"].values, x["head"].values, n_head, *stored)
     xv = _by_unit(np.moveaxis(plain(x), -1, 0), units, n_units, f"{attention_store}: {quantity}")
     lv = _by_unit(np.moveaxis(plain(network_tensor(ds, "scores", crop)), -1, 0), units, n_units,
                   f"{attention_store}: scores")
     org, ods = load_organization(organized_store)
     # the head tree labels heads in the organized store's unit order; relabel them by unit
-    ounits = unit_grid(ods["unit_layer"].values, ods["unit_head"].values, n_head)
+    ounits = unit_grid(ods["unit_layer"].values, ods["unit_head"].values, n_head, *stored)
     tree_h = PartitionTree(_by_unit(org.tree_h.labels.T, ounits, n_units, f"{organized_store}: tree_h").T)
     dec = store.read_store(decomposed_store, require=("diffusion_coords",))
-    dunits = unit_grid(dec["unit_layer"].values, dec["unit_head"].values, n_head)
+    dunits = unit_grid(dec["unit_layer"].values, dec["unit_head"].values, n_head, *stored)
     diff = _by_unit(dec["diffusion_coords"].transpose("unit", "component").values.astype(np.float64), dunits,
                     n_units, f"{decomposed_store}: diffusion_coords")
     if org.tree_q.n != xv.shape[1] or org.tree_k.n != xv.shape[2]:
@@ -128,7 +136,8 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     info = {k: ds.attrs[k] for k in ("label", "source_index") if k in ds.attrs}
     info["kv_group"] = kv_groups(ds, n_layer, n_head)
     info["n_layer"], info["n_head"] = n_layer, n_head
-    allowed = {int(u): model_mask(ds, int(u) // n_head, int(u) % n_head, lv[u], crop) for u in masks_of}
+    allowed = {int(u): model_mask(ds, int(stored[0][u // n_head]), int(stored[1][u % n_head]), lv[u], crop)
+               for u in masks_of}
     return Sample(index, xv, lv, org.tree_q, org.tree_k, tree_h, diff, tokens, labels[start:start + xv.shape[2]],
                   info, allowed)
 

@@ -73,6 +73,7 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
     ds = store.read_store(entropy_store, require=("head_entropy", "network_entropy"))
     e = ds["head_entropy"].values  # (sample, layer, head)
     n_s, n_layer, n_head = e.shape
+    layers, heads = ds["layer"].values, ds["head"].values
     flat = e.reshape(n_s, -1)
     ext = extreme_heads(flat, fraction)
     jac = jaccard_stability(flat, fraction, "bottom")
@@ -84,8 +85,9 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
         key = -mean_e if which == "top" else mean_e
         order = np.lexsort((key, -counts))[:3]
         for rank, u in enumerate(order, 1):
-            rows.append({"model": model_name, "set": which, "rank": rank, "layer": int(u // n_head),
-                         "head": int(u % n_head), "count": f"{int(counts[u])}/{n_s}",
+            # the model's layer and head indices (a store may hold only some: extract.layers/heads)
+            rows.append({"model": model_name, "set": which, "rank": rank, "layer": int(layers[u // n_head]),
+                         "head": int(heads[u % n_head]), "count": f"{int(counts[u])}/{n_s}",
                          "mean_entropy": float(mean_e[u])})
     t1 = pd.DataFrame(rows)
     stability = (float(off.mean()) if off.size else float("nan"))
