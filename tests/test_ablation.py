@@ -442,7 +442,7 @@ def stage(tmp_path_factory):
     model = _txl()
     arch = {k: v for k, v in model.config.to_dict().items() if k != "n_token"}
     torch.save({"kind": "txl", "arch": arch, "state_dict": model.state_dict()}, d / "checkpoint.pt")
-    cfg = {"name": "tiny", "kind": "txl", "arch": arch, "extract": {"n_samples": 3, "seed": 0}}
+    cfg = {"name": "tiny", "kind": "txl", "arch": arch, "extract": {"n_samples": 3, "seed": 0, "dtype": "float32"}}
     stores = []
     for i in range(3):
         stores.append(d / f"sample{i}.zarr")

@@ -62,7 +62,8 @@ from .files import is_offline, minilm_path, resolve_hf
 
 __all__ = ["ATTN_IMPLEMENTATION", "AttentionRecord", "LayerAttention", "record_attention", "kv_groups",
            "recording_attention_forward", "register_recording_attention", "supports_attention_interface",
-           "load_hf", "attn_implementation", "hf_attention", "hf_attention_stream", "hf_embeddings", "minilm_path"]
+           "load_hf", "attn_implementation", "hf_encode", "hf_attention", "hf_attention_stream", "hf_embeddings",
+           "minilm_path"]
 
 ATTN_IMPLEMENTATION = "oattn_eager_record"
 """Name under which the recording attention function is registered in transformers."""
@@ -291,7 +292,9 @@ def _check_texts(texts, max_length: int) -> None:
         raise ValueError(f"max_length: expected a positive integer, got {max_length!r}")
 
 
-def _encode(model, tokenizer, texts, max_length: int) -> dict[str, torch.Tensor]:
+def hf_encode(model, tokenizer, texts: list[str], max_length: int = 128) -> dict[str, torch.Tensor]:
+    """The model inputs of `texts` as `hf_attention` builds them: tokenized together,
+    truncated to `max_length` tokens, padded to the longest, on the model's device."""
     _check_texts(texts, max_length)
     enc = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
     return {k: v.to(model.device) for k, v in enc.items()}
@@ -340,7 +343,7 @@ def hf_attention(model, tokenizer, texts: list[str], max_length: int = 128) -> d
     All tensors are on the CPU.  Every layer is held in memory at once: for long inputs
     use `hf_attention_stream`.
     """
-    enc = _encode(model, tokenizer, texts, max_length)
+    enc = hf_encode(model, tokenizer, texts, max_length)
     impl = attn_implementation(model)
     allowed = kv = None
     with torch.no_grad():
@@ -370,17 +373,13 @@ def hf_attention(model, tokenizer, texts: list[str], max_length: int = 128) -> d
     return {"scores": scores, "probs": probs, "allowed": allowed, "kv_group": kv, **_inputs(enc, tokenizer)}
 
 
-def hf_attention_stream(model, tokenizer, texts: list[str], on_layer: Callable[[LayerAttention], None],
-                        max_length: int = 128) -> dict:
+def hf_attention_stream(model, inputs: dict, on_layer: Callable[[LayerAttention], None]) -> int:
     """`hf_attention` one layer at a time: `on_layer(LayerAttention)` receives each attention
-    call while the forward pass runs (scores, probs, allowed and key/value heads of that
-    layer, module docstring), and nothing is kept, so memory stays at about one layer.
-
-    Returns the inputs (`input_ids`, `attention_mask`, `tokens`, as `hf_attention`) and
-    `n_calls`, the number of attention calls (layers) seen. Needs the recording attention
-    (`load_hf`).
+    call while the forward pass on `inputs` (`hf_encode`, or any keyword arguments of the
+    model) runs: scores, probs, allowed and key/value heads of that layer (module
+    docstring), and nothing is kept, so memory stays at about one layer. Returns the
+    number of attention calls (layers). Needs the recording attention (`load_hf`).
     """
-    enc = _encode(model, tokenizer, texts, max_length)
     impl = attn_implementation(model)
     if impl != ATTN_IMPLEMENTATION:
         if impl == "eager":
@@ -388,10 +387,10 @@ def hf_attention_stream(model, tokenizer, texts: list[str], on_layer: Callable[[
                              "attention cannot be streamed; use hf_attention (probabilities only)")
         raise _no_weights(impl)
     with torch.no_grad(), record_attention(sink=on_layer) as record:
-        model(**enc)
+        model(**inputs)
     if not record.modules:
         raise _no_dispatch(model)
-    return {**_inputs(enc, tokenizer), "n_calls": len(record.modules)}
+    return len(record.modules)
 
 
 def hf_embeddings(model, tokenizer, texts: list[str], max_length: int = 128, batch_size: int = 64) -> torch.Tensor:
@@ -403,7 +402,7 @@ def hf_embeddings(model, tokenizer, texts: list[str], max_length: int = 128, bat
     chunks = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            enc = _encode(model, tokenizer, texts[start:start + batch_size], max_length)
+            enc = hf_encode(model, tokenizer, texts[start:start + batch_size], max_length)
             hidden = model(**enc).last_hidden_state.float()
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
