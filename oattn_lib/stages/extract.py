@@ -126,12 +126,14 @@ class AttentionWriter:
             scores, probs = scores[heads], probs[heads]
         out = {}
         for name, arr in (("scores", scores), ("probs", probs)):
-            bad = ~np.isfinite(arr)
+            # per-head extremes: NaN and inf show in them, and no layer-sized temporary is made
+            hi, lo = arr.max(axis=(1, 2)), arr.min(axis=(1, 2))
+            bad = ~(np.isfinite(hi) & np.isfinite(lo))
             if bad.any():
                 raise ValueError(f"{self._where()}: {name} has NaN or inf at layer {layer}, "
-                                 f"head {int(heads[np.argwhere(bad)[0][0]])}")
+                                 f"head {int(heads[np.argmax(bad)])}")
             if self.dtype == "float16":
-                big = np.abs(arr).max(axis=(1, 2)) > np.finfo(np.float16).max
+                big = np.maximum(hi, -lo) > np.finfo(np.float16).max
                 if big.any():
                     raise ValueError(f"extract.dtype: {name} of {self._where()} exceed the float16 range at "
                                      f"layer {layer}, head {int(heads[np.argmax(big)])}; use dtype float32")
