@@ -30,11 +30,14 @@ its logits (Gemma 2: softcap * tanh(s / softcap)), *before* the mask: they are d
 every (query, key) entry, including the entries the mask removes, which the model
 computes but never uses (no probability, no gradient, no effect on the output). Which
 entries the model could attend is recorded per call as `allowed` ((batch, query, key),
-True where the additive mask is 0, that is where the model may attend; None when the
-model passes no mask); the extract stage stores it as the variable `allowed` (layer,
-query, key). Analyses that treat a head as a full matrix (the organization, the Haar
-expansions) see the pre-mask scores there; those that compare with the model's softmax
-(Theorem 1, SPEC 5) restrict it to `allowed`.
+True where the model's mask lets it attend: the additive mask is 0, or a finite bias,
+rather than the dtype's minimum; None when the model passes no mask); the extract stage
+stores it as the variable `allowed` (layer, query, key), so analysis never has to guess
+the mask from zeros of the probabilities. Analyses that treat a head as a full matrix
+(the organization, the Haar expansions) see the pre-mask scores there; those that compare
+with the model's softmax (Theorem 1, SPEC 5) restrict it to `allowed`. A query row with
+no allowed key at all (a padded query whose window holds only padding) is what the
+model computes, a uniform row, and means nothing.
 
 Grouped-query attention: a layer has n_heads query heads and n_kv_heads key/value heads,
 query head h reading key/value head h // (n_heads // n_kv_heads) (transformers'

@@ -22,21 +22,25 @@ __all__ = ["prepare_model"]
 
 def prepare_model(path: str, gguf_file: str | None, out_dir) -> None:
     """Write the model `path` / `gguf_file` (or the `smollm2` alias) to the directory `out_dir`:
-    config.json, model.safetensors (float32, with the language-modelling head, so the
-    directory serves both `load_hf(out_dir)` and `load_hf(out_dir, causal_lm=True)`), the
+    config.json, model.safetensors (float32, a decoder with its language-modelling head, so
+    the directory serves both `load_hf(out_dir)` and `load_hf(out_dir, causal_lm=True)`), the
     tokenizer's files and source.json (the GGUF file and its SHA-256). Atomic: written into
     a temporary directory renamed into place.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     directory, gguf_file = resolve_hf(path, gguf_file)
     if not gguf_file:
         raise ValueError(f"gguf_file: model {path!r} names no GGUF file; only GGUF models need preparing")
     source = Path(directory) / gguf_file
     local = Path(directory).is_dir()
-    log.info("dequantising %s to float32", source)
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch.float32,
-                                                 local_files_only=local)
+    config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file, local_files_only=local)
+    # a decoder keeps its language-modelling head; a GGUF encoder is saved as the bare model
+    auto = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModel
+    log.info("dequantising %s to float32 (%s)", source, auto.__name__)
+    model = auto.from_pretrained(directory, gguf_file=gguf_file, config=config, dtype=torch.float32,
+                                 local_files_only=local)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=local)
     # the weights are plain float32 now; without its GGUF quantizer transformers saves the
     # model as any other (and refuses to while the quantizer is attached)
