@@ -156,7 +156,7 @@ def test_kv_group_is_the_configs_grouping(decoder, run):
 
 
 def test_causal_lm_records_the_same_attention(decoder, run):
-    model, tok, res = run[0], run[1], run[2]
+    tok, res = run[1], run[2]
     lm, _ = hf.load_hf(decoder[1], causal_lm=True)
     assert type(lm).__name__.endswith("ForCausalLM") and hf.attn_implementation(lm) == hf.ATTN_IMPLEMENTATION
     r = hf.hf_attention(lm, tok, [TEXTS[0], " ".join(TEXTS[1].split()[:9])], max_length=MAX_LEN)

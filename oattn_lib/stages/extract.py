@@ -64,8 +64,7 @@ def store_nbytes(n_layers: int, n_heads: int, n_tokens: int, dtype: str) -> int:
     return n_layers * n_tokens * n_tokens * (2 * n_heads * np.dtype(DTYPES[dtype]).itemsize + 1)
 
 
-def _numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+_TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 
 class AttentionWriter:
@@ -78,6 +77,11 @@ class AttentionWriter:
     head each query head reads, `models.hf.kv_groups`; the head itself without
     grouped-query attention), `query`, `key` and `token` (query). Use `attention_writer`,
     which makes the write atomic.
+
+    The first layer lays the store out through xarray with an empty layer axis (names,
+    coordinates, attributes, chunks); every layer is then appended with zarr directly,
+    which writes the arrays as they are (xarray's encoding would copy each variable
+    first). Selection, casting and checks run in torch on the tensors the model made.
 
     `heads` selects the query heads stored of every layer (None: all). Layers are appended
     in the order written, which must be increasing.
@@ -96,23 +100,45 @@ class AttentionWriter:
         self.kv_group: np.ndarray | None = None
         self.model_heads: int | None = None
         self.model_kv_heads: int | None = None
+        self._group = None
 
     def _where(self) -> str:
         return f"{self.attrs.get('model')} sample {self.attrs.get('sample')}"
 
+    def _layout(self, heads: np.ndarray, kv: np.ndarray, n_q: int, n_k: int) -> None:
+        import zarr
+
+        if self.tokens.shape[0] < n_q:
+            raise ValueError(f"tokens: {self.tokens.shape[0]} given for {n_q} queries")
+        dims = ("layer", "head", "query", "key")
+        empty = np.empty((0, heads.size, n_q, n_k), dtype=DTYPES[self.dtype])
+        ds = xr.Dataset({"scores": (dims, empty), "probs": (dims, empty),
+                         "allowed": (("layer", "query", "key"), np.empty((0, n_q, n_k), dtype=bool))},
+                        coords={"layer": np.empty(0, dtype=np.int64), "head": heads, "kv_group": ("head", kv),
+                                "query": np.arange(n_q), "key": np.arange(n_k),
+                                "token": ("query", self.tokens[:n_q])},
+                        attrs={**self.attrs, "dtype": self.dtype})
+        if self.token_text is not None:
+            ds.attrs["token_text"] = json.dumps(self.token_text[:n_q])
+        ds["allowed"].attrs["description"] = "True where the model may attend (its own mask)"
+        encoding = {"scores": {"chunks": (1, 1, n_q, n_k)}, "probs": {"chunks": (1, 1, n_q, n_k)},
+                    "allowed": {"chunks": (1, n_q, n_k)}, "layer": {"chunks": (1024,)}}
+        ds.to_zarr(self.path, mode="w", consolidated=False, encoding=encoding)
+        self._group = zarr.open_group(self.path, mode="r+")
+
     def write(self, layer: int, scores, probs, allowed=None, n_kv_heads: int | None = None) -> None:
-        """Append one layer: scores and probs (head, query, key) of every head of the layer,
-        allowed (query, key) bool or None (nothing masked), n_kv_heads the layer's
-        key/value heads (None: one per query head)."""
+        """Append one layer: scores and probs (head, query, key) of every head of the layer
+        (torch tensors or arrays), allowed (query, key) bool or None (nothing masked),
+        n_kv_heads the layer's key/value heads (None: one per query head)."""
         from ..models.hf import kv_groups
 
         layer = int(layer)
         if self.layers and layer <= self.layers[-1]:
             raise ValueError(f"layer {layer} written after layer {self.layers[-1]}; layers must increase")
-        scores, probs = _numpy(scores), _numpy(probs)
+        scores, probs = (torch.as_tensor(x).detach().cpu() for x in (scores, probs))
         if scores.ndim != 3 or scores.shape != probs.shape:
             raise ValueError(f"scores, probs: expected two (head, query, key) arrays of one shape, got "
-                             f"{scores.shape} and {probs.shape}")
+                             f"{tuple(scores.shape)} and {tuple(probs.shape)}")
         n_head, n_q, n_k = probs.shape
         heads = np.arange(n_head) if self.heads is None else self.heads
         if heads.size and (heads.min() < 0 or heads.max() >= n_head):
@@ -123,57 +149,47 @@ class AttentionWriter:
             raise ValueError(f"layer {layer} groups its query heads into {n_kv_heads} key/value heads, unlike "
                              "the layers before it; such models are not supported")
         if heads.size != n_head:
-            scores, probs = scores[heads], probs[heads]
+            index = torch.from_numpy(heads)
+            scores, probs = scores.index_select(0, index), probs.index_select(0, index)
         out = {}
-        for name, arr in (("scores", scores), ("probs", probs)):
+        for name, x in (("scores", scores), ("probs", probs)):
             # per-head extremes: NaN and inf show in them, and no layer-sized temporary is made
-            hi, lo = arr.max(axis=(1, 2)), arr.min(axis=(1, 2))
-            bad = ~(np.isfinite(hi) & np.isfinite(lo))
+            hi, lo = x.amax(dim=(1, 2)).double(), x.amin(dim=(1, 2)).double()
+            bad = ~(torch.isfinite(hi) & torch.isfinite(lo))
             if bad.any():
                 raise ValueError(f"{self._where()}: {name} has NaN or inf at layer {layer}, "
-                                 f"head {int(heads[np.argmax(bad)])}")
+                                 f"head {int(heads[int(bad.int().argmax())])}")
             if self.dtype == "float16":
-                big = np.maximum(hi, -lo) > np.finfo(np.float16).max
+                big = torch.maximum(hi, -lo) > float(np.finfo(np.float16).max)
                 if big.any():
                     raise ValueError(f"extract.dtype: {name} of {self._where()} exceed the float16 range at "
-                                     f"layer {layer}, head {int(heads[np.argmax(big)])}; use dtype float32")
-            out[name] = arr.astype(DTYPES[self.dtype], copy=False)[None]
-        ok = np.ones((n_q, n_k), dtype=bool) if allowed is None else _numpy(allowed).astype(bool, copy=False)
+                                     f"layer {layer}, head {int(heads[int(big.int().argmax())])}; use dtype float32")
+            out[name] = x.to(_TORCH_DTYPES[self.dtype]).numpy()
+        ok = np.ones((n_q, n_k), dtype=bool) if allowed is None else \
+            torch.as_tensor(allowed).detach().cpu().numpy().astype(bool, copy=False)
         if ok.shape != (n_q, n_k):
             raise ValueError(f"allowed: expected shape {(n_q, n_k)}, got {ok.shape}")
-        dims = ("layer", "head", "query", "key")
-        ds = xr.Dataset({"scores": (dims, out["scores"]), "probs": (dims, out["probs"]),
-                         "allowed": (("layer", "query", "key"), ok[None])}, coords={"layer": [layer]})
-        ds["allowed"].attrs["description"] = "True where the model may attend (its own mask)"
-        if not self.layers:
-            if self.tokens.shape[0] < n_q:
-                raise ValueError(f"tokens: {self.tokens.shape[0]} given for {n_q} queries")
-            self.attrs["dtype"] = self.dtype
-            if self.token_text is not None:
-                self.attrs["token_text"] = json.dumps(self.token_text[:n_q])
-        # every write sets the group's attributes (xarray replaces them on append)
-        ds.attrs.update(self.attrs)
-        if not self.layers:
-            ds = ds.assign_coords(head=heads, kv_group=("head", kv), query=np.arange(n_q), key=np.arange(n_k),
-                                  token=("query", self.tokens[:n_q]))
-            encoding = {"scores": {"chunks": (1, 1, n_q, n_k)}, "probs": {"chunks": (1, 1, n_q, n_k)},
-                        "allowed": {"chunks": (1, n_q, n_k)}}
-            ds.to_zarr(self.path, mode="w", consolidated=False, encoding=encoding)
+        if self._group is None:
+            self._layout(heads, kv, n_q, n_k)
             self.kv_group, self.model_heads, self.model_kv_heads = kv, n_head, int(n_kv_heads or n_head)
-        else:
-            ds.to_zarr(self.path, mode="a", append_dim="layer", consolidated=False)
+        elif out["probs"].shape != self._group["probs"].shape[1:]:
+            raise ValueError(f"layer {layer}: (head, query, key) shape {out['probs'].shape} differs from the "
+                             f"layers before, {self._group['probs'].shape[1:]}")
+        i = len(self.layers)
+        for name, value in (("scores", out["scores"]), ("probs", out["probs"]), ("allowed", ok),
+                            ("layer", np.int64(layer))):
+            arr = self._group[name]
+            arr.resize((i + 1, *arr.shape[1:]))
+            arr[i] = value
         self.layers.append(layer)
 
     def finish(self, model_layers: int) -> None:
         """Record the model's size beside the stored selection: attributes `model_layers`,
         `model_heads` and `model_kv_heads` (per layer)."""
-        import zarr
-
         if not self.layers:
             raise ValueError(f"{self._where()}: no layer was written (extract.layers selects none?)")
-        zarr.open_group(self.path, mode="r+").attrs.update(
-            model_layers=int(model_layers), model_heads=self.model_heads, model_kv_heads=self.model_kv_heads)
-
+        self._group.attrs.update(model_layers=int(model_layers), model_heads=self.model_heads,
+                                 model_kv_heads=self.model_kv_heads)
 
 @contextlib.contextmanager
 def attention_writer(out, *, tokens, attrs: dict, dtype: str = "float32", heads=None, token_text=None):
