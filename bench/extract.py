@@ -89,7 +89,8 @@ def worker(mode: str, n_tokens: int, dtype: str, layers, prepared: Path, workdir
         meta.write_text(json.dumps({"kind": "hf", "test_texts": [text]}))
         m = complete_model({"name": "smollm2", "kind": "hf", "path": str(prepared),
                             "extract": {"n_samples": 1, "max_length": n_tokens, "dtype": dtype,
-                                        "layers": layers}}, decompose={"figure_heads": [[0, 0]]})
+                                        "layers": layers}}, decompose={"figure_heads": [[0, 0]]},
+                           prune={"enabled": False})
         extract("hf", m, None, meta, None, out / "zarr.json", 0, device="cpu", config_slice=m, prepared=prepared)
     elif mode == "memory":  # every layer in memory, written at the end
         model, tok = load_hf(prepared)

@@ -283,6 +283,11 @@ def check_config(config: dict) -> None:
             if bad:
                 raise ConfigError(f"{where}.extract.{key}: {bad} outside the model's {size} {key}; "
                                   f"allowed: 0..{size - 1}")
+            if m["extract"].get(key) is not None and config["prune"]["enabled"]:
+                # the ablation masks heads of the whole model in the order of their Haar entropies
+                raise ConfigError(f"{where}.extract.{key}: the prune stage ranks every head of the model by its "
+                                  f"Haar entropy, so it needs every head stored; allowed: null, or set "
+                                  "prune.enabled: false")
         top = ent["head_top_k"]
         if n * n < top:
             raise ConfigError(f"entropy.head_top_k: {top} exceeds the {n} x {n} = {n * n} bi-Haar "

@@ -175,7 +175,8 @@ def stage(decoder, tmp_path, name="sample0", **extract_cfg):
     _, d, _ = decoder
     m = complete_model({"name": "tiny", "kind": "hf", "path": str(d),
                         "extract": {"n_samples": 2, "max_length": MAX_LEN, **extract_cfg}},
-                       entropy={"head_top_k": 4, "network_top_k": 4}, decompose={"figure_heads": [[0, 0]]})
+                       entropy={"head_top_k": 4, "network_top_k": 4}, decompose={"figure_heads": [[0, 0]]},
+                       prune={"enabled": False})
     out = tmp_path / f"{name}.zarr"
     extract("hf", m, None, _meta(tmp_path), None, out / "zarr.json", 0, device="cpu", config_slice=m)
     ds = xr.open_zarr(out, consolidated=False).load()
@@ -324,7 +325,8 @@ def test_txl_store_has_kv_group_allowed_and_selection(tmp_path):
     stores = {}
     for name, ex in (("full", {}), ("part", {"layers": [1, 2], "heads": [1], "dtype": "float16"})):
         m = complete_model({"name": "t", "kind": "txl", "arch": arch, "extract": {"n_samples": 2, **ex}},
-                           entropy={"head_top_k": 4, "network_top_k": 4}, decompose={"figure_heads": [[0, 0]]})
+                           entropy={"head_top_k": 4, "network_top_k": 4}, decompose={"figure_heads": [[0, 0]]},
+                           prune={"enabled": False})
         extract("txl", m, tmp_path / "data.npz", tmp_path / "meta.json", tmp_path / "ck.pt",
                 tmp_path / f"{name}.zarr" / "zarr.json", 1, device="cpu", config_slice=m)
         stores[name] = xr.open_zarr(tmp_path / f"{name}.zarr", consolidated=False).load()
