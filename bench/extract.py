@@ -9,12 +9,15 @@ the standard library's documentation, through
 - `memory`: the former path, every layer recorded in memory (`models.hf.hf_attention`)
   and the whole dataset written at the end (`attention_dataset`, `store.write_store`).
 
+- `eager`: transformers' own eager attention, nothing recorded or stored: what the model
+  needs anyway to compute every attention matrix.
+
 Every case runs in a fresh process; its peak resident memory is that process's VmHWM,
 `model_only` the peak of loading the model and running 16 tokens (the floor). Prints one
 JSON object per case and a summary. A case whose in-memory tensors alone would exceed the
 machine's available memory is reported as skipped, with the size it would need.
 
-    python bench/extract.py                          # the default cases (about 15 minutes, 2 cores)
+    python bench/extract.py                          # the default cases (about 8 minutes, 2 busy cores)
     python bench/extract.py --cases stream:1024:float32:all memory:1024:float32:all
     python bench/extract.py --workdir /big/disk       # stores are written there, then deleted
 
@@ -35,7 +38,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CASES = ["model_only:16:float32:all",
+DEFAULT_CASES = ["model_only:16:float32:all", "eager:1024:float32:all", "eager:4096:float32:all",
                  "memory:1024:float32:all", "stream:1024:float32:all", "stream:1024:float16:all",
                  "memory:4096:float16:all", "stream:4096:float16:all", "stream:4096:float16:0,15,29",
                  "stream:4096:float32:0,15,29"]
@@ -101,6 +104,12 @@ def worker(mode: str, n_tokens: int, dtype: str, layers, prepared: Path, workdir
         del res
         ds = ds.assign(scores=ds["scores"].astype(DTYPES[dtype]), probs=ds["probs"].astype(DTYPES[dtype]))
         store.write_store(ds, out)
+    elif mode == "eager":  # the model's own eager attention, nothing kept
+        model, tok = load_hf(prepared)
+        model.set_attn_implementation("eager")
+        with torch.no_grad():
+            model(**tok([text], truncation=True, max_length=n_tokens, return_tensors="pt"))
+        return {"extract_s": time.perf_counter() - t1, "total_s": time.perf_counter() - t0, "peak_rss_mb": _peak_mb()}
     else:
         raise ValueError(f"mode: {mode!r}")
     t2 = time.perf_counter()
@@ -150,7 +159,7 @@ def main() -> None:
         n = int(n)
         sel = None if layers == "all" else [int(v) for v in layers.split(",")]
         row = {"case": case, "load_avg_before": [round(x, 2) for x in os.getloadavg()]}
-        if mode != "model_only":
+        if mode in ("stream", "memory"):
             need = store_nbytes(len(sel) if sel else N_LAYERS, N_HEADS, n, dtype)
             row["store_mb_uncompressed"] = round(need / 1e6, 1)
             free = shutil.disk_usage(work).free
