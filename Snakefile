@@ -27,6 +27,7 @@ include: "workflow/rules/entropy.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/prune.smk"
 include: "workflow/rules/softmax_free.smk"
+include: "workflow/rules/explorer.smk"
 include: "workflow/rules/report.smk"
 
 

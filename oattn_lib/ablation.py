@@ -18,8 +18,9 @@ samples:
 For each ranking the first k heads (k = 0, 10%, ..., 100% of the network) are masked
 (`masks_from_order`; the gates themselves are `models.gating`), and the network is
 measured on held-out data that no ranking saw (`evaluate_masks`): Transformer-XL
-perplexity, ViT accuracy, and for a sentence encoder (`hf`) the mean cosine similarity of
-its sentence embeddings to the unmasked model's.
+perplexity, ViT accuracy, a causal language model's perplexity through its own LM head
+(`lm`: an hf decoder, whose mask is read off its attention), and for a sentence encoder
+(`hf`) the mean cosine similarity of its sentence embeddings to the unmasked model's.
 
 The sentence encoder has no task loss; its gradient importance uses the random projection
 L_v(x) = v . e(x) of the normalised sentence embedding e, v ~ N(0, I), so that
@@ -52,8 +53,12 @@ RANKINGS = (HAAR_LOW, HAAR_HIGH, RANDOM, GRADIENT, ATTN_ENTROPY, CONFIDENCE)
 """The compared head rankings, in the order of Figure 7 and Tables 3-4."""
 
 METRICS = {"txl": ("perplexity", False), "vit": ("accuracy", True),
-           "hf": ("cosine similarity to the unmasked model", True)}
-"""Held-out metric of each model kind and whether higher is better."""
+           "hf": ("cosine similarity to the unmasked model", True), "lm": ("perplexity", False)}
+"""Held-out metric of each objective (`models.gating.OBJECTIVES`: the model kinds, and lm for
+a causal language model loaded through transformers) and whether higher is better."""
+PERPLEXITY = ("txl", "lm")
+"""Objectives whose rows are next-token NLLs: the metric is exp of their mean, Table 3's
+areas are of its log."""
 
 
 # -- the masked network: held-out metric, gradients of the gates ------------------------
@@ -74,18 +79,18 @@ class HeldOut:
         return int(self.inputs.shape[0])
 
 
-def _row_scores(kind: str, out: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-    if kind == "txl":
+def _row_scores(objective: str, out: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    if objective in PERPLEXITY:
         return out  # NLL; the perplexity is exp of its mean
-    if kind == "vit":
+    if objective == "vit":
         return (out.argmax(-1) == targets).double()
     return (out * targets).sum(-1)  # cosine: both are unit vectors
 
 
-def _aggregate(kind: str, per_row: torch.Tensor) -> torch.Tensor:
+def _aggregate(objective: str, per_row: torch.Tensor) -> torch.Tensor:
     """(configs, examples) row scores -> (configs,) metric."""
     m = per_row.double().mean(-1)
-    return m.exp() if kind == "txl" else m
+    return m.exp() if objective in PERPLEXITY else m
 
 
 def _device(model) -> torch.device:
@@ -115,10 +120,10 @@ def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: 
             c, e = idx // E, idx % E
             out = row_outputs(model, layout, data.inputs[e].to(dev), g[c].to(dev))
             tgt = None if data.targets is None else data.targets[e].to(dev)
-            per_row[idx] = _row_scores(layout.kind, out, tgt).double().cpu()
+            per_row[idx] = _row_scores(layout.objective, out, tgt).double().cpu()
     finally:
         model.train(was_training)
-    return _aggregate(layout.kind, per_row.view(C, E)).numpy()
+    return _aggregate(layout.objective, per_row.view(C, E)).numpy()
 
 
 @torch.no_grad()
@@ -130,10 +135,10 @@ def reference_embeddings(model, layout: HeadLayout, inputs: torch.Tensor, batch_
                       for i in range(0, inputs.shape[0], batch_size)])
 
 
-def _row_loss(kind: str, out: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
-    if kind == "txl":
+def _row_loss(objective: str, out: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    if objective in PERPLEXITY:
         return out
-    if kind == "vit":
+    if objective == "vit":
         return F.cross_entropy(wide(out), targets, reduction="none")
     return (out * targets).sum(-1)  # v . e(x): a random projection of the embedding
 
@@ -142,8 +147,8 @@ def gate_gradients(model, layout: HeadLayout, data: HeldOut, batch_size: int = 6
                    gates=None) -> torch.Tensor:
     """dL(x)/dxi for every row x of `data`, at `gates` (default: all 1): (rows, layer, head).
 
-    L: txl the mean NLL of the row's tokens; vit the cross-entropy with the row's label;
-    hf the projection targets[row] . e(x) of the sentence embedding. The model runs in
+    L: txl and lm the mean next-token NLL of the row's tokens; vit the cross-entropy with the
+    row's label; hf the projection targets[row] . e(x) of the sentence embedding. The model runs in
     eval mode (no dropout).
     """
     dev = _device(model)
@@ -161,7 +166,7 @@ def gate_gradients(model, layout: HeadLayout, data: HeldOut, batch_size: int = 6
             with torch.enable_grad():
                 out = row_outputs(model, layout, data.inputs[sl].to(dev), g)
                 tgt = None if data.targets is None else data.targets[sl].to(dev)
-                loss = _row_loss(layout.kind, out, tgt).sum()
+                loss = _row_loss(layout.objective, out, tgt).sum()
                 (grad,) = torch.autograd.grad(loss, g)
             grads.append(grad.detach().cpu())
     finally:
@@ -176,7 +181,7 @@ def gradient_importance(model, layout: HeadLayout, samples: HeldOut, projections
     hf: L = v . e(x) for `projections` Gaussian v per sample (seeded), averaged; the mean
     over samples, normalised per layer (`normalize_per_layer`), is the ranking score.
     """
-    if layout.kind != "hf":
+    if layout.objective != "hf":
         return gate_gradients(model, layout, samples, batch_size).abs().double().numpy()
     n = len(samples)
     gen = torch.Generator().manual_seed(int(seed))

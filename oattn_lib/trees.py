@@ -17,7 +17,7 @@ import numpy as np
 
 from ._arrays import check_affinity
 
-__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree"]
+__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree", "level_agreement"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -305,3 +305,19 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
         rank[seq[np.sort(first)]] = np.arange(first.size)
         relabelled.append(rank[lab])
     return _levels_to_tree(relabelled)
+
+
+def level_agreement(tree: PartitionTree, labels) -> np.ndarray:
+    """Adjusted Rand index between the folders of each level of `tree` and a labelling of its
+    items (say, each head's layer): (n_levels,), level 0 (the root) first.
+
+    1 where a level's folders are exactly the label classes, about 0 where they are no closer
+    to them than a random partition with the same folder sizes (negative: further). The root
+    scores 0 against any labelling with more than one class, and so do the leaves (singletons)
+    against any labelling with a class of two items or more."""
+    from sklearn.metrics import adjusted_rand_score
+
+    lab = np.asarray(labels)
+    if lab.shape != (tree.n,):
+        raise ValueError(f"labels: expected one label per item, shape ({tree.n},), got {lab.shape}")
+    return np.array([adjusted_rand_score(lab, level) for level in tree.labels], dtype=np.float64)

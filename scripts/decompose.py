@@ -5,4 +5,5 @@ from oattn_lib.stages.decompose import decompose
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 decompose(snakemake.input.attention, snakemake.input.organized, snakemake.output.store,
-          config_slice={**p.analysis, "decompose": p.decompose}, code=p.code, **p.analysis, **p.decompose)
+          config_slice={**p.analysis, "decompose": p.decompose}, code=p.code, device=p.device,
+          **p.analysis, **p.decompose)

@@ -5,4 +5,4 @@ from oattn_lib.stages.organize import organize
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 organize(snakemake.input.attention, snakemake.output.store, params=p.organize,
-         config_slice={**p.analysis, "organize": p.organize}, code=p.code, **p.analysis)
+         config_slice={**p.analysis, "organize": p.organize}, code=p.code, device=p.device, **p.analysis)

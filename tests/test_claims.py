@@ -10,7 +10,7 @@ import xarray as xr
 
 from oattn_lib import claims, store
 from oattn_lib.claims import HOLDS, MIXED, NOT_HERE, NOT_RUN
-from oattn_lib.stages.summary import LOWEST_FIRST, METRICS, RANDOM, summary
+from oattn_lib.stages.summary import LOWEST_FIRST, RANDOM, summary
 
 
 # -- chance level -------------------------------------------------------------------------------
@@ -66,10 +66,9 @@ def test_pruning_not_run_and_single_random_order():
     assert claims.pruning_claim("m", 0.4, 0.5, 0.0).verdict == NOT_HERE
 
 
-def test_summary_reads_the_prune_stages_names_and_directions():
+def test_summary_reads_the_prune_stages_names():
     from oattn_lib import ablation
     assert (LOWEST_FIRST, RANDOM) == (ablation.HAAR_LOW, ablation.RANDOM)
-    assert {k: v[1] for k, v in METRICS.items()} == {k: v[1] for k, v in ablation.METRICS.items()}
 
 
 def test_claims_rst_is_one_table_with_a_row_per_claim():
@@ -85,7 +84,7 @@ def test_claims_rst_is_one_table_with_a_row_per_claim():
 
 
 # -- the summary stage, on files written here ----------------------------------------------------------
-def write_model(root, name, rng, n_s=4, layers=3, heads=4, prune=True):
+def write_model(root, name, rng, n_s=4, layers=3, heads=4, prune=True, metric=("accuracy", True, "accuracy")):
     e = rng.random((n_s, layers, heads)) * 10
     e[:, 0, 0] = 0.1  # one head at the bottom in every sample
     ent = xr.Dataset({"head_entropy": (("sample", "layer", "head"), e)},
@@ -101,7 +100,9 @@ def write_model(root, name, rng, n_s=4, layers=3, heads=4, prune=True):
         "at_model_tau": {"2-D organized": 0.08, "original": 0.2, "random": None},
         "crossover": {"original": {"text": "below the original order's for tau < 2.5 (crossover)"},
                       "random": {"text": "below the random orders' over the whole range (no crossover)"}}}))
-    pd.DataFrame({"model": name, "ranking": [LOWEST_FIRST, RANDOM], "auc": [0.6, 0.7], "auc_sd": [np.nan, 0.02]}
+    # what the prune stage writes: the metric measured, its direction and what the areas are of
+    pd.DataFrame({"model": name, "metric": metric[0], "higher_is_better": metric[1], "auc_of": metric[2],
+                  "ranking": [LOWEST_FIRST, RANDOM], "auc": [0.6, 0.7], "auc_sd": [np.nan, 0.02]}
                  ).to_csv(root / f"{name}_t3.csv", index=False)
     for t in (1, 2, 3, 4):
         (root / f"{name}_t{t}.md").write_text(f"table {t} of {name}\n")
@@ -146,3 +147,21 @@ def test_summary_opens_with_the_claims_table_recomputed_from_its_inputs(tmp_path
     assert md.index("| claim | model |") < md.index("## vit_a") < md.index("table 3 of vit_a")
     assert "table 3 of txl-b" not in md
     assert "thresholds" in md and "crossover" in md
+
+
+def test_pruning_claim_takes_the_metric_table3_measured(tmp_path):
+    """The same areas (0.6 vs random 0.7 +- 0.02) hold for a causal LM's perplexity (lower is
+    better) and do not for an encoder's cosine similarity, both `kind: hf`: the direction comes
+    from Table 3, not from the model kind."""
+    rng = np.random.default_rng(1)
+    inputs = {**write_model(tmp_path, "llm", rng, metric=("perplexity", False, "log perplexity")),
+              **write_model(tmp_path, "enc", rng, metric=("cosine similarity to the unmasked model", True,
+                                                           "cosine similarity to the unmasked model"))}
+    outs = {"md": tmp_path / "summary.md", "claims_csv": tmp_path / "claims.csv",
+            "claims_rst": tmp_path / "claims.rst"}
+    summary({"llm": "hf", "enc": "hf"}, inputs, outs, 0.25)
+    got = pd.read_csv(outs["claims_csv"])
+    prune = got[got["claim"] == claims.CLAIMS["pruning"]].set_index("model")
+    assert prune.loc["llm", "verdict"] == HOLDS and prune.loc["enc", "verdict"] == NOT_HERE
+    assert "log perplexity" in prune.loc["llm", "measured"] and "lower is better" in prune.loc["llm", "measured"]
+    assert "cosine similarity" in prune.loc["enc", "measured"]

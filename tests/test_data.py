@@ -515,3 +515,19 @@ def test_fetch_wikitext103_from_file_url(tmp_path):
     # the first source fails, the mirror answers
     fetch_wikitext103(root, urls=[(tmp_path / "dead.zip").as_uri(), url], md5=md5)
     assert load_wikitext(root)["valid"] == ["=", "Homarus", "gammarus", "=", EOS]
+
+
+def test_a_pretrained_model_draws_from_every_document_a_trained_one_from_its_test_split(tmp_path):
+    """hf models are not trained here: every document of the corpus may be a sample (an LLM at
+    1024 tokens needs the long ones); a txl model's texts stay its held-out test split."""
+    import json
+    from oattn_lib.config import complete_model
+    from oattn_lib.data.stdlib import stdlib_corpus
+    from oattn_lib.data.text import split_documents
+    from oattn_lib.stages.data import prepare_data
+    docs = stdlib_corpus()
+    hf = complete_model({"name": "lm", "kind": "hf", "path": "minilm", "data": {"corpus": "stdlib"}})
+    prepare_data("hf", hf["data"], tmp_path / "hf.npz", tmp_path / "hf.json")
+    assert json.loads((tmp_path / "hf.json").read_text())["test_texts"] == docs
+    train, _, test = split_documents(docs, seed=hf["data"]["seed"])
+    assert 0 < len(test) < len(docs) and not set(test) & set(train)

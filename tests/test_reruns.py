@@ -22,7 +22,7 @@ from wfutil import REPO, TINY, planned_jobs, reordered
 pytestmark = pytest.mark.workflow
 
 ANALYSIS_AFTER_ORGANIZE = {"organize": 6, "decompose": 6, "entropy": 3, "tables": 3, "figures": 3,
-                           "prune": 3, "summary": 1, "all": 1}
+                           "prune": 3, "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,9 @@ def dry_run(project: Path, *args: str) -> dict[str, int]:
 
 
 # -- the README's commands -------------------------------------------------------------------
-RULES = {"prepare_data", "train", "extract", "organize", "decompose", "entropy", "tables", "figures",
-         "prune", "summary"}
+# the workflow's rules, read from the rule files (a README naming a rule that does not exist fails)
+RULES = {m for f in (REPO / "workflow" / "rules").glob("*.smk")
+         for m in re.findall(r"^rule (\w+):", f.read_text(), re.M)}
 
 
 def readme_commands(text: str) -> list[tuple[str, set[str] | None]]:
@@ -166,7 +167,8 @@ def test_editing_plots_reruns_the_figures_only(project):
     edit = Edit(project / "oattn_lib" / "plots" / "style.py")
     try:
         edit.replace("DPI = ", "_EDITED = True\nDPI = ")
-        assert dry_run(project) == {"figures": 3, "prune": 3, "summary": 1, "all": 1}
+        assert dry_run(project) == {"figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1, "summary": 1,
+                                    "all": 1}
     finally:
         edit.undo()
     assert dry_run(project) == {}

@@ -258,3 +258,23 @@ def test_xarray_round_trip():
     da = t.to_dataarray("tree_q")
     assert da.dims == ("level", "item")
     assert PartitionTree.from_dataarray(da) == t
+
+
+# -- the head tree against the architecture (issue 12) ------------------------------------------
+def test_level_agreement_scores_each_level_against_a_labelling():
+    from oattn_lib.trees import level_agreement
+    layer = np.repeat(np.arange(3), 4)  # 3 layers x 4 heads
+    kv = layer * 2 + (np.arange(12) % 4) // 2  # 2 key/value heads per layer
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(12)  # the tree's items in any order: agreement is about sets, not positions
+    tree = PartitionTree(np.stack([np.zeros(12, int), layer, kv, np.arange(12)])[:, perm])
+    got_layer = level_agreement(tree, layer[perm])
+    got_kv = level_agreement(tree, kv[perm])
+    np.testing.assert_allclose(got_layer, [0, 1, got_layer[2], 0])
+    np.testing.assert_allclose(got_kv, [0, got_kv[1], 1, 0])
+    assert 0 < got_layer[2] < 1 and 0 < got_kv[1] < 1  # nested: partly right
+    # a tree blind to layers scores about 0 on average, never 1
+    blind = [level_agreement(random_tree(12, rng), layer)[1:-1] for _ in range(50)]
+    assert abs(np.mean(np.concatenate(blind))) < 0.1 and np.max(np.concatenate(blind)) < 1
+    with pytest.raises(ValueError, match="labels"):
+        level_agreement(tree, layer[:5])

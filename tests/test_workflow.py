@@ -66,6 +66,7 @@ def test_training_learned_something(run):
 
 def test_tables_have_expected_rows(run):
     import pandas as pd
+    from sklearn.metrics import adjusted_rand_score
     for model, n_units in (("txl", 4), ("vit", 4), ("lm", 72)):
         t1 = pd.read_csv(run / "results" / model / "tables" / "table1.csv")
         assert list(t1["set"]) == ["top"] * 3 + ["bottom"] * 3
@@ -74,6 +75,16 @@ def test_tables_have_expected_rows(run):
         assert list(t2["sample"]) == [0, 1]
         # organized trees make the network sparser than random trees do
         assert (t2["network_l1"] <= t2["network_l1_random_trees"] * 1.05).all()
+        # the head tree against the layers, recomputed from the organized stores
+        arch = pd.read_csv(run / "results" / model / "tables" / "head_tree.csv")
+        trees = [xr.open_zarr(run / "results" / model / "organized" / f"sample{i}.zarr", consolidated=False)
+                 for i in range(2)]
+        assert len(arch) == max(t.sizes["level_h"] for t in trees) - 2
+        for row in arch.itertuples():
+            want = [adjusted_rand_score(t["unit_layer"].values, t["tree_h"].values[row.level])
+                    for t in trees if row.level < t.sizes["level_h"] - 1]
+            assert row.samples == len(want) and row.ari_layer == pytest.approx(np.mean(want))
+        assert "Head tree against the architecture" in (run / "results" / model / "tables" / "table1.md").read_text()
     assert "Table 1" in (run / "results" / "summary.md").read_text()
 
 
@@ -96,7 +107,8 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     cfg = copy.deepcopy(TINY)
     cfg["entropy"]["head_top_k"] = 9
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
-    assert jobs == {"entropy": 3, "tables": 3, "figures": 3, "prune": 3, "summary": 1, "all": 1}
+    assert jobs == {"entropy": 3, "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1,
+                    "summary": 1, "all": 1}
 
 
 def test_changing_the_questionnaire_reruns_organize_and_after(run):
@@ -104,7 +116,7 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     cfg["organize"]["n_iters"] = 2
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     assert jobs == {"organize": 6, "decompose": 6, "entropy": 3, "tables": 3, "figures": 3, "prune": 3,
-                    "summary": 1, "all": 1}
+                    "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 
 
 def test_unchanged_config_plans_nothing(run):
@@ -167,3 +179,25 @@ def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
         assert ent["network_sparsity"].values[i] == pytest.approx(network_sparsity(X, org), rel=1e-5)
         # the organized trees beat random trees on the sparsity the paper reports
         assert ent["network_l1"].values[i] < ent["network_l1_random"].values[i]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_organize_and_decompose_on_cuda_give_the_cpu_results(run, tmp_path):
+    """device: cuda runs the engine on the GPU (the workflow passes `device`); trees are the same
+    and coefficients equal to float32 rounding."""
+    from oattn_lib.stages.decompose import decompose
+    from oattn_lib.stages.organize import organize
+    res = run / "results" / "vit"
+    att = res / "attention" / "sample0.zarr"
+    organize(att, tmp_path / "org.zarr", "probs", params=TINY["organize"], device="cuda")
+    cpu = xr.open_zarr(res / "organized" / "sample0.zarr", consolidated=False)
+    gpu = xr.open_zarr(tmp_path / "org.zarr", consolidated=False)
+    for t in ("tree_q", "tree_k", "tree_h"):
+        np.testing.assert_array_equal(gpu[t].values, cpu[t].values)
+    dec = TINY["decompose"]
+    decompose(att, res / "organized" / "sample0.zarr", tmp_path / "dec.zarr", "probs", device="cuda",
+              figure_heads=dec["figure_heads"], questionnaire2d_iters=dec["questionnaire2d_iters"],
+              random_tree_seeds=dec["random_tree_seeds"])
+    a = xr.open_zarr(tmp_path / "dec.zarr", consolidated=False)
+    b = xr.open_zarr(res / "decomposed" / "sample0.zarr", consolidated=False)
+    np.testing.assert_allclose(a["trihaar"].values, b["trihaar"].values, atol=1e-5)

@@ -37,15 +37,31 @@ GATED_ATTENTION = "oattn_gated"
 """Name of the gated attention function registered in transformers' AttentionInterface."""
 
 
+OBJECTIVES = ("txl", "vit", "hf", "lm")
+"""What a gated forward measures (`row_outputs`): txl next-token NLL of the trained
+Transformer-XL, vit class logits, hf the sentence embedding of an encoder (or of a model
+without a language-model head), lm next-token NLL through a causal LM's own head."""
+
+
 @dataclass(frozen=True)
 class HeadLayout:
     """Where a model's heads are gated: one module per layer (txl: the output projection,
-    vit: the attention module, hf: the module that calls the attention function)."""
+    vit: the attention module, hf: the module that calls the attention function), and what
+    a forward measures (`objective`, one of OBJECTIVES: an hf model whose attention is causal,
+    read off a two-token forward, and that has a language-model head is measured as `lm`)."""
 
     kind: str
     n_layer: int
     n_head: int
     modules: tuple
+    objective: str = ""
+    causal: bool = False  # hf: the model's attention mask is causal (a decoder)
+
+    def __post_init__(self):
+        if not self.objective:
+            object.__setattr__(self, "objective", self.kind)
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective: unknown {self.objective!r} (allowed: {', '.join(OBJECTIVES)})")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -133,8 +149,17 @@ def head_layout(model, kind: str) -> HeadLayout:
         heads = {p.shape[1] for p in rec.probs}
         if len(heads) != 1:
             raise ValueError(f"model: layers with different head counts {sorted(heads)} are not supported")
-        return HeadLayout("hf", len(rec.modules), heads.pop(), tuple(rec.modules))
+        causal = attends_causally(rec.probs)
+        get = getattr(model, "get_output_embeddings", None)
+        objective = "lm" if causal and get is not None and get() is not None else "hf"
+        return HeadLayout("hf", len(rec.modules), heads.pop(), tuple(rec.modules), objective, causal)
     raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
+
+
+def attends_causally(probs) -> bool:
+    """Whether recorded probabilities of a two-token input (layer-wise (batch, head, 2, 2))
+    never let the first token see the second: the model's mask is causal."""
+    return all(bool((p[..., 0, 1] == 0).all()) for p in probs)
 
 
 def check_gates(gates, layout: HeadLayout) -> torch.Tensor:
@@ -212,12 +237,20 @@ def wide(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+def next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood (nats/token) of ids[:, 1:] under logits[:, :-1], per row:
+    (n,). The log-softmax runs in float32."""
+    lp = F.log_softmax(wide(logits[:, :-1]), dim=-1)
+    return -lp.gather(-1, ids[:, 1:, None]).squeeze(-1).mean(1)
+
+
 def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None) -> torch.Tensor:
-    """One forward with per-row gates: txl mean NLL per row (nats/token, (n,)); vit logits
-    (n, classes); hf L2-normalised mean-pooled sentence embeddings (n, hidden).
+    """One forward with per-row gates: txl and lm mean next-token NLL per row (nats/token,
+    (n,)); vit logits (n, classes); hf L2-normalised mean-pooled sentence embeddings (n, hidden).
 
     inputs: txl (n, tgt_len + 1) token windows (input = [:, :-1], targets = [:, 1:]); vit
-    (n, channel, height, width) images; hf (n, tokens) input ids without padding.
+    (n, channel, height, width) images; hf and lm (n, tokens) input ids without padding (lm:
+    tokens 1.. are predicted from the ones before).
     """
     with head_gates(model, layout, gates):
         if layout.kind == "txl":
@@ -236,6 +269,9 @@ def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None) -> 
             return -wide(lp).reshape(y.shape).mean(1)
         if layout.kind == "vit":
             return model(inputs)
+        if layout.objective == "lm":
+            logits = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits
+            return next_token_nll(logits, inputs)
         # the all-MiniLM-L6-v2 recipe (models.hf.hf_embeddings) on unpadded windows
         hidden = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).last_hidden_state
         return F.normalize(wide(hidden).mean(1), p=2, dim=1)

@@ -151,7 +151,8 @@ def recording_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     query (batch, heads, q, d), key/value (batch, kv_heads, k, d); returns the attention
     output (batch, q, heads, d) and the probabilities, as transformers' eager functions do.
     The softmax runs in float32 (as in eager Llama-style models; for float32 models, as
-    in every eager model) and the probabilities are cast back to the query dtype.
+    in every eager model; float64 models in float64) and the probabilities are cast back to
+    the query dtype.
     """
     if kwargs.get("s_aux") is not None or isinstance(getattr(module, "sinks", None), torch.Tensor):
         raise NotImplementedError(
@@ -177,9 +178,11 @@ def recording_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
         else:  # additive: 0 (or a finite bias) where allowed, the dtype's minimum where not
             allowed = mask > torch.finfo(mask.dtype).min / 2
         logits = scores + mask
-    probs32 = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    # float32 at least (float64 models keep their precision, which gradient checks need)
+    probs_wide = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     del logits
-    probs = probs32.to(query.dtype)
+    probs32 = probs_wide.float()
+    probs = probs_wide.to(query.dtype)
 
     record = _ACTIVE.get()
     if record is not None:
@@ -226,7 +229,7 @@ def supports_attention_interface(model_or_class) -> bool:
 # --------------------------------------------------------------------------- loading
 
 def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-            local_files_only: bool | None = None, *, gguf_file: str | None = None, causal_lm: bool = False):
+            local_files_only: bool | None = None, causal_lm: bool = False, *, gguf_file: str | None = None):
     """Load a transformers model and its tokenizer for attention extraction, in eval mode.
 
     `path_or_name` is a local directory, a hub name already in the local cache, or an alias:
@@ -254,9 +257,8 @@ def load_hf(path_or_name: str, device: str | torch.device = "cpu", dtype: torch.
     config = AutoConfig.from_pretrained(path_or_name, local_files_only=local_files_only, **extra)
     model_class = None
     try:
-        from transformers.models.auto import modeling_auto
-        mapping = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING if causal_lm else modeling_auto.MODEL_MAPPING
-        model_class = mapping[type(config)]
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_MAPPING
+        model_class = (MODEL_FOR_CAUSAL_LM_MAPPING if causal_lm else MODEL_MAPPING)[type(config)]
     except Exception:  # remote code or an unmapped config: decide after loading
         pass
     if model_class is None or supports_attention_interface(model_class):

@@ -10,13 +10,14 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import Organization
+from ..runtime import resolve_device
 from ..temperature import attention_mask
 from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["network_tensor", "unit_coords", "plain", "load_network", "load_organization", "model_mask",
-           "softmax_heads"]
+__all__ = ["network_tensor", "unit_coords", "plain", "on_device", "load_network", "load_organization",
+           "model_mask", "softmax_heads"]
 
 
 def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
@@ -37,12 +38,29 @@ def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
 
 
 def unit_coords(x: xr.DataArray) -> dict:
-    return {"unit_layer": ("unit", x["layer"].values.astype(np.int64)),
-            "unit_head": ("unit", x["head"].values.astype(np.int64))}
+    """Each unit's layer and head, and its key/value head (`kv_group`) where the attention store
+    records one (grouped-query models)."""
+    out = {"unit_layer": ("unit", x["layer"].values.astype(np.int64)),
+           "unit_head": ("unit", x["head"].values.astype(np.int64))}
+    if "kv_group" in x.coords:
+        out["unit_kv_group"] = ("unit", np.broadcast_to(x["kv_group"].values, x["unit"].shape).astype(np.int64))
+    return out
 
 
 def plain(x: xr.DataArray) -> np.ndarray:
     return np.ascontiguousarray(x.values, dtype=np.float32)
+
+
+def on_device(a: np.ndarray, device):
+    """The engine's input on the device the config's `device` resolves to: the numpy array itself
+    on the CPU (where the EMD kernel is numba), a torch tensor on an accelerator (the engine runs
+    on its input's device)."""
+    dev = resolve_device(device)
+    if dev.type == "cpu":
+        return a
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
 
 def load_network(attention_store, quantity, crop):

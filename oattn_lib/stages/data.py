@@ -30,7 +30,10 @@ def prepare_data(kind: str, data: dict, out_npz, out_meta, data_root="resources"
                                              max_size=data["max_size"])
             vocab = ds.pop("vocab")
             ids = ds
-            texts = textdata.split_documents(docs, seed=data["seed"])[2]
+            # a pretrained (hf) model is not trained here: every document can be drawn as a sample or
+            # held out for the ablation (enough of them are 1024 tokens long for an LLM's samples);
+            # a model trained here only ever sees its test split
+            texts = docs if kind == "hf" else textdata.split_documents(docs, seed=data["seed"])[2]
         meta = {"kind": kind, "vocab": list(vocab.itos),
                 "sizes": {k: int(v.size) for k, v in ids.items()}}
         if kind == "hf":

@@ -14,6 +14,7 @@ from ..entropy import l1_over_l2
 from ..haar import bihaar, haar_basis, trihaar
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
+from ..runtime import resolve_device
 from ..trees import random_tree
 from ..units import resolve_unit
 from .common import load_network, load_organization, model_mask, network_tensor, plain, unit_coords
@@ -33,12 +34,13 @@ def _figure_units(figure_heads, layers, heads) -> list[tuple[int, int]]:
 
 def decompose(attention_store, organized_store, out, quantity: str, crop=None,
               *, figure_heads, questionnaire2d_iters: int, random_tree_seeds: int,
-              config_slice: dict | None = None, code: str | None = None) -> None:
+              config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
-    2-D organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6)."""
+    2-D organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6). The Haar
+    expansions run on the device `device` resolves to (`runtime.resolve_device`)."""
     ds, x = load_network(attention_store, quantity, crop)
     org, ods = load_organization(organized_store)
-    xv = torch.from_numpy(plain(x))
+    xv = torch.from_numpy(plain(x)).to(resolve_device(device))
     c2 = bihaar(xv, org.tree_q, org.tree_k)
     c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h)
     (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
@@ -73,8 +75,8 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     dm = diffusion_map(org.affinity_h, n_components=3)
     fh = ("fig_head", "row", "col")
     out_ds = xr.Dataset(
-        {"bihaar": (("qbasis", "kbasis", "unit"), c2.numpy()),
-         "trihaar": (("qbasis", "kbasis", "hbasis"), c3.numpy()),
+        {"bihaar": (("qbasis", "kbasis", "unit"), c2.cpu().numpy()),
+         "trihaar": (("qbasis", "kbasis", "hbasis"), c3.cpu().numpy()),
          "support_q": ("qbasis", sq), "level_q": ("qbasis", lq),
          "support_k": ("kbasis", sk), "level_k": ("kbasis", lk),
          "support_h": ("hbasis", sh), "level_h": ("hbasis", lh),

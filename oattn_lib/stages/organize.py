@@ -8,7 +8,7 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import questionnaire3d
-from .common import load_network, plain, unit_coords
+from .common import load_network, on_device, plain, unit_coords
 
 log = logging.getLogger("oattn")
 
@@ -16,11 +16,12 @@ __all__ = ["organize"]
 
 
 def organize(attention_store, out, quantity: str, crop=None, params: dict | None = None,
-             config_slice: dict | None = None, code: str | None = None) -> None:
-    """Run the 3-D questionnaire on one sample and store trees and affinities (SPEC 3.2)."""
+             config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
+    """Run the 3-D questionnaire on one sample and store trees and affinities (SPEC 3.2), on the
+    device `device` resolves to (`runtime.resolve_device`)."""
     params = dict(params or {})
     ds, x = load_network(attention_store, quantity, crop)
-    org = questionnaire3d(plain(x), **params)
+    org = questionnaire3d(on_device(plain(x), device), **params)
     out_ds = xr.Dataset(
         {"tree_q": (("level_q", "query"), org.tree_q.labels),
          "tree_k": (("level_k", "key"), org.tree_k.labels),

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from .. import store
-from ..ablation import (ATTN_ENTROPY, CONFIDENCE, GRADIENT, HAAR_HIGH, HAAR_LOW, METRICS, RANDOM, RANKINGS,
-                        HeldOut, attention_confidence, attention_entropy, curve_summary, evaluate_masks,
+from ..ablation import (ATTN_ENTROPY, CONFIDENCE, GRADIENT, HAAR_HIGH, HAAR_LOW, METRICS, PERPLEXITY, RANDOM,
+                        RANKINGS, HeldOut, attention_confidence, attention_entropy, curve_summary, evaluate_masks,
                         gradient_importance, lowest_first, mask_counts, masks_from_order, normalize_per_layer,
                         random_order, ranking_stability, reference_embeddings)
 from ..data.images import vit_images
@@ -37,7 +37,7 @@ class _Measured:
     """What the study measured on one model, for its tables and figure."""
 
     name: str
-    kind: str
+    objective: str  # what was measured (models.gating.OBJECTIVES): the key of ablation.METRICS
     shape: tuple[int, int]  # (layer, head)
     n_samples: int
     n_held_out: int
@@ -63,17 +63,31 @@ class _Measured:
 
 # -- inputs -------------------------------------------------------------------------------------
 def _load(kind: str, model_cfg: dict, meta: dict, checkpoint, dev):
-    """(model in eval mode on `dev`, tokenizer or None)."""
+    """(model in eval mode on `dev`, tokenizer or None, its HeadLayout). An hf model whose
+    attention is causal is loaded again with its language-model head: a decoder is measured
+    by what it is for, next-token perplexity (objective `lm`), not by its hidden states."""
     if kind == "hf":
         from ..models.hf import load_hf
+
         net, tok = load_hf(model_cfg["path"], device=dev)
         net.set_attn_implementation(register_gated_attention())  # = the recording attention until gated
-        return net, tok
+        layout = head_layout(net, kind)
+        if layout.causal:
+            del net
+            net, tok = load_hf(model_cfg["path"], device=dev, causal_lm=True)
+            net.set_attn_implementation(register_gated_attention())
+            layout = head_layout(net, kind)
+            if layout.objective != "lm":
+                raise ValueError(f"model {model_cfg['path']!r}: its attention is causal but it loads with no "
+                                 "language-model head; its heads cannot be scored by perplexity")
+        log.info("%s: %d layers x %d heads, measured as %s", model_cfg["name"], *layout.shape, layout.objective)
+        return net, tok, layout
     if kind == "txl":
         net, _ = load_trained(checkpoint, n_token=len(meta["vocab"]))
     else:
         net, _ = load_trained(checkpoint, image_size=model_cfg["data"]["image_size"])
-    return net.to(dev).eval(), None
+    net = net.to(dev).eval()
+    return net, None, head_layout(net, kind)
 
 
 def _read_samples(attention_stores: list, entropy_store) -> tuple[list, np.ndarray]:
@@ -189,7 +203,8 @@ def _held_out(kind: str, model_cfg: dict, net, tok, layout, arrays: dict, meta: 
     max_len = samples.inputs.shape[1]
     ids, texts_used, extracted = _hf_held_out(tok, meta["test_texts"], samples.inputs.numpy(), max_len,
                                               held_out["hf_windows"], rng)
-    data = HeldOut(ids, reference_embeddings(net, layout, ids, batch_size))
+    # a causal LM predicts its windows' next tokens; an encoder is compared with its unmasked self
+    data = HeldOut(ids, None if layout.objective == "lm" else reference_embeddings(net, layout, ids, batch_size))
     log.info("held out: %d windows of %d tokens from texts %s; the extracted samples are texts %s",
              len(data), max_len, texts_used, extracted)
     return data
@@ -253,8 +268,7 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
     meta = json.loads(Path(data_meta).read_text())
     arrays = load_npz(data_npz) if kind != "hf" else {}
     attention, haar = _read_samples(attention_stores, entropy_store)
-    net, tok = _load(kind, model_cfg, meta, checkpoint, dev)
-    layout = head_layout(net, kind)
+    net, tok, layout = _load(kind, model_cfg, meta, checkpoint, dev)
     if haar.shape[1:] != layout.shape:
         raise ValueError(f"entropy store has {haar.shape[1:]} (layer, head), the model {layout.shape}")
     rng = np.random.default_rng(seed)
@@ -266,15 +280,15 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
     orders = _orders(mean_scores, n_units, random_seeds, seed)
     ks = mask_counts(n_units, fraction_step)
     curves = _curves(net, layout, data, orders, ks, batch_size)
-    m = _Measured(model_cfg["name"], kind, layout.shape, haar.shape[0], len(data), ks, per_sample, mean_scores,
+    m = _Measured(model_cfg["name"], layout.objective, layout.shape, haar.shape[0], len(data), ks, per_sample, mean_scores,
                   orders, curves)
     _write_outputs(m, outs, tolerance, stability_fraction)
 
 
 # -- outputs ------------------------------------------------------------------------------------
-def _verdict(name: str, kind: str, table3: list, base: float, tol: float, n_units: int) -> str:
+def _verdict(name: str, objective: str, table3: list, base: float, tol: float, n_units: int) -> str:
     """The finding as measured: does masking lowest-Haar-entropy first beat random orders?"""
-    metric, higher = METRICS[kind]
+    metric, higher = METRICS[objective]
     row = {r["ranking"]: r for r in table3}
     sign = 1.0 if higher else -1.0
     low, high, grad, rnd = row[HAAR_LOW], row[HAAR_HIGH], row[GRADIENT], row[RANDOM]
@@ -293,7 +307,7 @@ def _verdict(name: str, kind: str, table3: list, base: float, tol: float, n_unit
     def heads(frac):
         return f"{frac:.0%} ({round(frac * n_units)} of {n_units} heads)"
 
-    auc_of = "log perplexity" if kind == "txl" else metric
+    auc_of = "log perplexity" if objective in PERPLEXITY else metric
     best = max(table3, key=lambda r: sign * r["auc"])
     verdict = ("**Low Haar entropy predicts prunable heads here**" if predicts else
                "**Low Haar entropy does not predict prunable heads here**")
@@ -326,10 +340,10 @@ def _blank_nan(df):
 def _write_outputs(m: _Measured, outs: dict, tolerance: float, stability_fraction: float) -> None:
     import pandas as pd
 
-    metric, higher = METRICS[m.kind]
+    metric, higher = METRICS[m.objective]
     L, H = m.shape
-    rows3 = curve_summary(m.fractions, m.curves, m.base, higher, tolerance, metric, log=m.kind == "txl")
-    finding = _verdict(m.name, m.kind, rows3, m.base, tolerance, m.n_units)
+    rows3 = curve_summary(m.fractions, m.curves, m.base, higher, tolerance, metric, log=m.objective in PERPLEXITY)
+    finding = _verdict(m.name, m.objective, rows3, m.base, tolerance, m.n_units)
     t4 = pd.DataFrame(ranking_stability(m.orders, m.per_sample, m.mean_scores, stability_fraction))
     stab = _stability_prose(t4, m.n_samples, stability_fraction)
     log.info("%s", finding)
@@ -346,13 +360,17 @@ def _write_outputs(m: _Measured, outs: dict, tolerance: float, stability_fractio
     store.atomic_write_text(outs["rankings"], rankings.to_csv(index=False))
 
     t3 = pd.DataFrame([{k: v for k, v in r.items() if k not in ("auc_seeds", "tolerated_seeds")} for r in rows3])
+    auc_of = "log perplexity" if m.objective in PERPLEXITY else metric
+    # what was measured, for readers of the CSV (the summary's claim): a decoder's is its perplexity
     t3.insert(0, "model", m.name)
+    t3.insert(1, "metric", metric)
+    t3.insert(2, "higher_is_better", higher)
+    t3.insert(3, "auc_of", auc_of)
     t4.insert(0, "model", m.name)
     store.atomic_write_text(outs["table3_csv"], t3.to_csv(index=False))
     store.atomic_write_text(outs["table4_csv"], t4.to_csv(index=False))
     n_seeds = len(m.orders[RANDOM])
-    auc_of = "log perplexity" if m.kind == "txl" else metric
-    md3 = t3.drop(columns=["model"]).rename(columns={
+    md3 = t3.drop(columns=["model", "metric", "higher_is_better", "auc_of"]).rename(columns={
         "auc": f"AUC ({auc_of})", "auc_sd": "AUC sd", "n_orders": "orders",
         "tolerated_fraction": f"max fraction within {tolerance:.0%}", "tolerated_fraction_sd": "sd"})
     store.atomic_write_text(outs["table3_md"], (
@@ -382,10 +400,10 @@ def _write_outputs(m: _Measured, outs: dict, tolerance: float, stability_fractio
 def _write_fig7(m: _Measured, path) -> None:
     from .. import plots
 
-    metric, _ = METRICS[m.kind]
+    metric, _ = METRICS[m.objective]
     fig = plots.fig7_ablation(m.fractions, m.curves, f"held-out {metric}",
                               title=f"{m.name}: held-out {metric} vs. fraction of heads masked")
-    if m.kind == "txl":  # perplexity grows exponentially as heads go
+    if m.objective in PERPLEXITY:  # perplexity grows exponentially as heads go
         from matplotlib.ticker import FuncFormatter
         ax = fig.axes[0]
         ax.set_yscale("log")

@@ -171,6 +171,8 @@ def _gpu_resources():
 
 
 GPU_RESOURCES = _gpu_resources()
+# organize and decompose: a GPU each when asked for (resources.analysis_gpu), for the engine
+ANALYSIS_GPU = {"gpu": config["resources"]["analysis_gpu"]} if config["resources"]["analysis_gpu"] > 0 else {}
 
 
 def analysis_mem_mb(wildcards, input, attempt):
@@ -185,7 +187,7 @@ def analysis_mem_mb(wildcards, input, attempt):
 
 
 def all_targets():
-    out = [f"{R}/summary.md"]
+    out = [f"{R}/summary.md", f"{R}/explorer.html"]
     for name in MODELS:
         out += [f"{R}/{name}/figures/{f}.png" for f in FIGURES]
         if config["prune"]["enabled"]:

@@ -21,8 +21,10 @@ rule decompose:
     resources:
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
+        **ANALYSIS_GPU,
     params:
         analysis=analysis_params,
+        device=config["device"],
         decompose=config["decompose"],
         code=code_version("decompose"),
     script:

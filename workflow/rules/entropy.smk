@@ -30,7 +30,9 @@ rule entropy:
 rule tables:
     input:
         entropy=ENTROPY,
+        organized=organized_stores,
     output:
+        head_tree_csv=f"{R}/{{model}}/tables/head_tree.csv",
         table1_csv=f"{R}/{{model}}/tables/table1.csv",
         table1_md=report(
             f"{R}/{{model}}/tables/table1.md", caption="../report/table1.rst", category="Tables", subcategory="{model}"

@@ -19,8 +19,10 @@ rule organize:
     resources:
         mem_mb=analysis_mem_mb,
         runtime=config["resources"]["analysis_runtime"],
+        **ANALYSIS_GPU,
     params:
         analysis=analysis_params,
+        device=config["device"],
         organize=config["organize"],
         code=code_version("organize"),
     script:

@@ -1,0 +1,12 @@
+"""The interactive explorer of organized attention: one self-contained HTML page per model
+(plotly.js inline, no network), and an index linking the models.
+
+`build.model_payload` reads a model's stores and computes what they do not hold (each head's
+own 2-D organization and paraproduct residual, for a bounded set of heads); `encode` plans the
+resolution that fits the page's budget (level of detail: heads averaged over tree folders,
+`lod`); `page` writes the HTML around plotly.js and the page's script (`app_js`).
+"""
+from .build import model_payload
+from .page import read_meta, render_index, render_page, resolution_note
+
+__all__ = ["model_payload", "render_page", "render_index", "read_meta", "resolution_note"]

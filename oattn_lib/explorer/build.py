@@ -1,0 +1,132 @@
+"""The explorer page's data for one model, from the workflow's stores (one sample in memory at a time)."""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pandas as pd
+
+from .. import store
+from .collect import heads_for_2d, organize_head, read_sample
+from .encode import Plan, encode_sample, encoded_bytes, full_head_bytes, plan, round_values
+
+log = logging.getLogger("oattn")
+
+__all__ = ["model_payload", "figure_units", "table_payload", "ablation_metrics"]
+
+# the rankings of the prune stage (oattn_lib.ablation.RANKINGS) that score heads by something
+# other than the Haar entropy the grid already shows; random orders score nothing
+_NOT_A_HEAD_SCORE = ("Haar entropy", "random")
+
+
+def figure_units(figure_heads, n_layer: int, n_head: int) -> list[int]:
+    """Units of the config's figure heads ((layer, head) pairs, negative counting from the end)."""
+    out = []
+    for layer, head in figure_heads:
+        lay, hd = int(layer) % n_layer, int(head) % n_head
+        if not (-n_layer <= int(layer) < n_layer and -n_head <= int(head) < n_head):
+            raise ValueError(f"figure_heads: ({layer}, {head}) is outside the model's {n_layer} layers x "
+                             f"{n_head} heads")
+        out.append(lay * n_head + hd)
+    return out
+
+
+def ablation_metrics(rankings_csv, n_layer: int, n_head: int) -> dict:
+    """Per-head scores of the prune stage's rankings (gradient importance and the like), as
+    {name: (unit,) values}; {} without a rankings file."""
+    if rankings_csv is None:
+        return {}
+    df = pd.read_csv(rankings_csv)
+    out = {}
+    for name, g in df[df["order"] == 0].groupby("ranking", sort=False):
+        if name.startswith(_NOT_A_HEAD_SCORE) or g["score"].isna().all():
+            continue
+        v = np.full(n_layer * n_head, np.nan)
+        v[g["layer"].to_numpy() * n_head + g["head"].to_numpy()] = g["score"].to_numpy()
+        out[f"ablation: {name}"] = v
+    return out
+
+
+def table_payload(title: str, csv, select: str, note: str = "") -> dict:
+    """A table for the page: columns, rows (numbers rounded), and what a click on a row selects
+    (`head`: a (layer, head) row, `sample`, or `ranking`: the grid shows its scores)."""
+    df = pd.read_csv(csv).drop(columns=["model"], errors="ignore")
+    rows = []
+    for rec in df.itertuples(index=False):
+        rows.append([None if isinstance(v, float) and not np.isfinite(v) else
+                     (float(f"{v:.5g}") if isinstance(v, float) else v.item() if hasattr(v, "item") else v)
+                     for v in rec])
+    return {"title": title, "columns": list(df.columns), "rows": rows, "select": select, "note": note}
+
+
+def _measured(s0, orgs0, n_q: int, n_k: int, n_units: int):
+    """One sample's bytes in the page at a resolution, measured on sample 0 (gzip included), with
+    a 10% margin for samples that compress less well."""
+    cache = {}
+
+    def sample_bytes(side: int) -> int:
+        if side not in cache:
+            full_mode = n_q <= side and n_k <= side
+            trial = Plan(side, full_mode, {0: list(range(n_units))} if full_mode else {})
+            cache[side] = int(1.1 * encoded_bytes(encode_sample(s0, orgs0, trial, 0)))
+        return cache[side]
+
+    return sample_bytes
+
+
+def model_payload(model: str, kind: str, attention_stores: list, organized_stores: list,
+                  decomposed_stores: list, entropy_store, tables: list[dict], rankings_csv=None, *,
+                  quantity: str, crop=None, figure_heads=((0, 0),), heads_2d: int = 8,
+                  questionnaire2d_iters: int = 10, max_side: int = 128, data_bytes: int = 9_000_000) -> dict:
+    """Everything the page shows of a model: per-head metrics, per-sample heads at the planned
+    resolution, tables; `meta` says what is shown at which resolution."""
+    if not (len(attention_stores) == len(organized_stores) == len(decomposed_stores) > 0):
+        raise ValueError(f"attention_stores, organized_stores, decomposed_stores: need one per sample, got "
+                         f"{len(attention_stores)}, {len(organized_stores)}, {len(decomposed_stores)}")
+    t0 = time.perf_counter()
+    ent = store.read_store(entropy_store, require=("head_entropy", "head_sparsity"))
+    n_s = ent.sizes["sample"]
+    if n_s != len(attention_stores):
+        raise ValueError(f"{entropy_store}: {n_s} samples, the explorer was given {len(attention_stores)}")
+    n_layer, n_head = ent.sizes["layer"], ent.sizes["head"]
+    n_units = n_layer * n_head
+    entropy = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
+    sparsity = ent["head_sparsity"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
+    fig_units = figure_units(figure_heads, n_layer, n_head)
+    units2d = heads_for_2d(fig_units, np.nanmean(entropy, axis=0), heads_2d)
+    samples, kv, t2d = [], None, 0.0
+    paths = list(zip(attention_stores, organized_stores, decomposed_stores))
+
+    def load(i):
+        nonlocal t2d
+        s = read_sample(i, *paths[i], quantity=quantity, crop=crop, masks_of=units2d)
+        t = time.perf_counter()
+        orgs = {u: organize_head(s.logits[u], questionnaire2d_iters, s.allowed[u]) for u in units2d}
+        t2d += time.perf_counter() - t
+        return s, orgs
+
+    s0, orgs0 = load(0)
+    n_q, n_k = s0.x.shape[1:]
+    p = plan(n_q, n_k, n_units, n_s, units2d, max_side, data_bytes,
+             sample_bytes=_measured(s0, orgs0, n_q, n_k, n_units),
+             head_bytes=int(1.1 * full_head_bytes(s0, orgs0, units2d[0] if units2d else 0)))
+    for i in range(n_s):
+        s, orgs = (s0, orgs0) if i == 0 else load(i)
+        if s.x.shape[1:] != (n_q, n_k):
+            raise ValueError(f"{paths[i][0]}: {s.x.shape[1:]} tokens, sample 0 has {(n_q, n_k)}")
+        kv = s.info["kv_group"]
+        samples.append(encode_sample(s, orgs, p, i))
+        log.info("explorer %s: sample %d encoded (%d heads organized in 2-D)", model, i, len(orgs))
+        s0 = orgs0 = None  # one sample in memory at a time
+    metrics = {"Haar entropy (coarsest l1)": [round_values(v) for v in entropy],
+               "l1/l2 sparsity (lower is sparser)": [round_values(v) for v in sparsity]}
+    for name, v in ablation_metrics(rankings_csv, n_layer, n_head).items():
+        metrics[name] = [round_values(v)] * n_s
+    meta = {"model": model, "kind": kind, "quantity": quantity, "n_layer": n_layer, "n_head": n_head,
+            "n_query": n_q, "n_key": n_k, "n_samples": n_s, "crop": list(crop) if crop is not None else None,
+            "kv_group": kv.reshape(-1).tolist() if kv is not None else None,
+            "figure_units": fig_units, "units_2d": units2d, "heads_2d": heads_2d,
+            "questionnaire2d_iters": questionnaire2d_iters, "plan": p.describe(),
+            "build_seconds": {"total": round(time.perf_counter() - t0, 2), "organize_2d": round(t2d, 2)}}
+    return {"meta": meta, "metrics": metrics, "samples": samples, "tables": tables}

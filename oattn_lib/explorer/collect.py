@@ -1,0 +1,159 @@
+"""What the explorer shows of one sample, read from the workflow's stores and computed where
+the stores hold no such thing: every head's 2-D organization (SPEC 3.3) and paraproduct
+residual (SPEC 5) for a bounded set of heads.
+
+Heads are indexed by unit u = layer * n_head + head (SPEC notation), whatever order a
+store keeps them in: every array read here is mapped through the store's own `layer`,
+`head` (attention) or `unit_layer`, `unit_head` (organized, decomposed) coordinates.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+from .. import store
+from ..paraproduct import paraproduct
+from ..questionnaire import questionnaire2d
+from ..stages.common import load_organization, model_mask, network_tensor, plain
+from ..trees import PartitionTree
+
+log = logging.getLogger("oattn")
+
+__all__ = ["Sample", "HeadOrganization", "read_sample", "organize_head", "token_labels", "unit_grid",
+           "kv_groups", "heads_for_2d"]
+
+
+@dataclass(frozen=True, eq=False)
+class Sample:
+    """One sample of a model, heads by unit: x (unit, query, key) the analysed quantity,
+    logits (unit, query, key) the pre-softmax scores, the network's 3-D organization, the
+    diffusion coordinates of the heads (unit, component), the token labels, and `allowed`:
+    {unit: the model's own mask of the head (None: nothing masked)} for the units asked for."""
+
+    index: int
+    x: np.ndarray
+    logits: np.ndarray
+    tree_q: PartitionTree
+    tree_k: PartitionTree
+    tree_h: PartitionTree
+    diffusion: np.ndarray
+    tokens: list[str]
+    key_tokens: list[str]
+    info: dict
+    allowed: dict
+
+
+@dataclass(frozen=True, eq=False)
+class HeadOrganization:
+    """A head's own 2-D organization and its paraproduct residual (exact softmax minus the
+    approximation, in the organized order), with the relative residual norms of the
+    organized and the unorganized head (SPEC 5)."""
+
+    tree_r: PartitionTree
+    tree_c: PartitionTree
+    residual: np.ndarray
+    relative_residual: float
+    relative_residual_unorganized: float
+
+
+def unit_grid(layers, heads, n_head: int) -> np.ndarray:
+    """Unit index of every (layer, head) pair of a store's unit axis."""
+    return np.asarray(layers, dtype=np.int64) * n_head + np.asarray(heads, dtype=np.int64)
+
+
+def _by_unit(values: np.ndarray, units: np.ndarray, n_units: int, what: str) -> np.ndarray:
+    if np.unique(units).size != n_units or units.min() < 0 or units.max() >= n_units:
+        raise ValueError(f"{what}: its (layer, head) coordinates do not cover the {n_units} heads once each")
+    out = np.empty_like(values)
+    out[units] = values
+    return out
+
+
+def token_labels(ds: xr.Dataset, n: int) -> list[str]:
+    """Hover labels of a sample's tokens: their text where the store has it, image patch positions
+    (row, column) for a ViT, token ids otherwise."""
+    if "token_text" in ds.attrs:
+        text = json.loads(ds.attrs["token_text"])
+        if len(text) >= n:
+            return [str(t) for t in text[:n]]
+    tok = ds["token"].values[:n] if "token" in ds.coords else np.arange(n)
+    if ds.attrs.get("kind") == "vit":
+        side = int(round(np.sqrt(max(n - 1, 1))))
+        return ["[CLS]" if t < 0 else (f"patch {t} (row {t // side}, col {t % side})" if side * side == n - 1
+                                       else f"patch {t}") for t in tok]
+    return [f"token {t}" for t in tok]
+
+
+def kv_groups(ds: xr.Dataset, n_layer: int, n_head: int) -> np.ndarray | None:
+    """(layer, head) KV-group index of a GQA model's heads, None where the store has none."""
+    if "kv_group" not in ds.coords:
+        return None
+    g = ds["kv_group"]
+    g = g.broadcast_like(xr.DataArray(np.zeros((n_layer, n_head)), dims=("layer", "head"),
+                                      coords={"layer": ds["layer"], "head": ds["head"]}))
+    return g.transpose("layer", "head").values.astype(np.int64)
+
+
+def read_sample(index: int, attention_store, organized_store, decomposed_store, quantity: str,
+                crop=None, masks_of=()) -> Sample:
+    """The explorer's view of one sample (SPEC 7, 3.2, 6), heads by unit index; the model's mask of
+    the units `masks_of` (stages.common.model_mask: causal heads are compared with their masked
+    softmax, SPEC 5)."""
+    ds = store.read_store(attention_store, require=(quantity, "scores"), finite=(quantity,))
+    n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
+    n_units = n_layer * n_head
+    x = network_tensor(ds, quantity, crop)
+    units = unit_grid(x["layer"].values, x["head"].values, n_head)
+    xv = _by_unit(np.moveaxis(plain(x), -1, 0), units, n_units, f"{attention_store}: {quantity}")
+    lv = _by_unit(np.moveaxis(plain(network_tensor(ds, "scores", crop)), -1, 0), units, n_units,
+                  f"{attention_store}: scores")
+    org, ods = load_organization(organized_store)
+    # the head tree labels heads in the organized store's unit order; relabel them by unit
+    ounits = unit_grid(ods["unit_layer"].values, ods["unit_head"].values, n_head)
+    tree_h = PartitionTree(_by_unit(org.tree_h.labels.T, ounits, n_units, f"{organized_store}: tree_h").T)
+    dec = store.read_store(decomposed_store, require=("diffusion_coords",))
+    dunits = unit_grid(dec["unit_layer"].values, dec["unit_head"].values, n_head)
+    diff = _by_unit(dec["diffusion_coords"].transpose("unit", "component").values.astype(np.float64), dunits,
+                    n_units, f"{decomposed_store}: diffusion_coords")
+    if org.tree_q.n != xv.shape[1] or org.tree_k.n != xv.shape[2]:
+        raise ValueError(f"{organized_store}: trees of {org.tree_q.n} x {org.tree_k.n} tokens, the attention "
+                         f"store {attention_store} has {xv.shape[1]} x {xv.shape[2]} (crop {crop})")
+    start = int(crop[0]) if crop is not None else 0
+    labels = token_labels(ds, ds.sizes["query"])
+    tokens = labels[start:start + xv.shape[1]]
+    info = {k: ds.attrs[k] for k in ("label", "source_index") if k in ds.attrs}
+    info["kv_group"] = kv_groups(ds, n_layer, n_head)
+    info["n_layer"], info["n_head"] = n_layer, n_head
+    allowed = {int(u): model_mask(ds, int(u) // n_head, int(u) % n_head, lv[u], crop) for u in masks_of}
+    return Sample(index, xv, lv, org.tree_q, org.tree_k, tree_h, diff, tokens, labels[start:start + xv.shape[2]],
+                  info, allowed)
+
+
+def organize_head(logits: np.ndarray, n_iters: int, allowed=None) -> HeadOrganization:
+    """A head's 2-D organization from its pre-softmax scores (SPEC 3.3) and the paraproduct
+    residual of the organized and the unorganized head against the model's own (masked)
+    softmax (SPEC 5), as the decompose stage computes them for the figure heads."""
+    g = np.asarray(logits, dtype=np.float64)
+    tree_r, tree_c = questionnaire2d(g, n_iters=n_iters)
+    pp = paraproduct(g, row_order=tree_r.order, col_order=tree_c.order, allowed=allowed)
+    pu = paraproduct(g, allowed=allowed)
+    return HeadOrganization(tree_r, tree_c, np.asarray(pp.residual, dtype=np.float64),
+                            float(pp.relative_residual), float(pu.relative_residual))
+
+
+def heads_for_2d(figure_units: list[int], mean_entropy: np.ndarray, n: int) -> list[int]:
+    """The units given a 2-D organization when only `n` are: the figure heads first, then the
+    extremes of the mean Haar entropy over samples, lowest and highest in turn (the heads
+    Table 1 is about)."""
+    n_units = mean_entropy.size
+    order = np.argsort(mean_entropy, kind="stable")
+    extremes = [int(u) for pair in zip(order, order[::-1]) for u in pair]
+    out = []
+    for u in [*figure_units, *extremes]:
+        if u not in out:
+            out.append(int(u))
+    return out[:min(n, n_units)]

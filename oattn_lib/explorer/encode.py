@@ -1,0 +1,175 @@
+"""The explorer's data for one model: which resolution fits the page's budget, and each sample
+encoded at it.
+
+Two forms of a head reach the page. When the tokens fit `max_side`, every head goes at full
+resolution and, for the heads with a 2-D organization, the paraproduct residual; the browser
+derives the organized views by permuting rows and columns (exact: the permutation of the
+quantised head is the quantisation of the permuted head). Beyond `max_side` tokens the page
+gets the level of detail (`lod`): each of the four views averaged over a cut of its own trees
+(token order: the balanced tree; 3-D view: the network's query and key trees; 2-D view and
+residual: the head's own trees), at most `side` folders per axis, plus full resolution for as
+many heads as the budget allows, which the page shows where the user zooms in. Every matrix
+is quantised to 8 bits with its own range; the codes are gzipped and base64-encoded.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collect import HeadOrganization, Sample
+from .lod import block_mean, boundary_depth, pack, quantise, tree_cut, uniform_cut
+
+__all__ = ["Plan", "plan", "encode_sample", "encoded_bytes", "full_head_bytes", "estimate_sample_bytes", "round_values", "SIDES"]
+
+SIDES = (128, 96, 64, 48, 32, 24, 16, 12, 8)
+_CHUNK = 16  # heads averaged at a time: bounds the memory of a level of detail of long sequences
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolution chosen for a model's page: `side` (folders per axis of the level of detail,
+    or the number of tokens at full resolution), `full_mode` (every head at full resolution),
+    `full` ({sample position: units also shipped at full resolution}), `size` (the data's
+    estimated bytes in the page) and the `budget`."""
+
+    side: int
+    full_mode: bool
+    full: dict = field(default_factory=dict)
+    size: int = 0
+    budget: int = 0
+
+    def describe(self) -> dict:
+        return {"side": self.side, "full_mode": self.full_mode, "estimated_bytes": self.size,
+                "budget_bytes": self.budget, "full_units": {str(k): sorted(v) for k, v in self.full.items()}}
+
+
+def _b64(n_bytes: float) -> int:
+    return int(math.ceil(n_bytes / 3) * 4)
+
+
+def estimate_sample_bytes(n_q: int, n_k: int, n_units: int, n_2d: int, side: int) -> int:
+    """Bytes of one sample in the page without compression (an upper bound of what gzip leaves):
+    8-bit codes in base64, orders and boundary depths as JSON integers, per-head numbers."""
+    over = 6 * (n_q + n_k) * (2 + 2 * n_2d) + 120 * n_units + 40 * n_2d
+    if n_q <= side and n_k <= side:
+        return over + _b64((n_units + n_2d) * n_q * n_k)
+    return over + _b64(2 * (n_units + n_2d) * min(n_q, side) * min(n_k, side))
+
+
+def plan(n_q: int, n_k: int, n_units: int, n_samples: int, units_2d: list[int], max_side: int, budget: int,
+         sample_bytes=None, head_bytes: int | None = None) -> Plan:
+    """The finest resolution whose size fits `budget` bytes: every head at full resolution if the
+    tokens fit `max_side`, else the largest level of detail (`side` <= max_side); then full
+    resolution for the heads with a 2-D organization, in priority order, sample by sample, while
+    it still fits. `sample_bytes(side)` is one sample's size at `side` (default: the uncompressed
+    estimate), `head_bytes` one head's full resolution (head and residual)."""
+    if max_side < 1:
+        raise ValueError(f"max_side: must be >= 1, got {max_side}")
+    n2 = len(units_2d)
+    if sample_bytes is None:
+        def sample_bytes(side):
+            return estimate_sample_bytes(n_q, n_k, n_units, n2, side)
+    if head_bytes is None:
+        head_bytes = 2 * _b64(n_q * n_k)
+    if n_q <= max_side and n_k <= max_side:
+        size = n_samples * sample_bytes(max(n_q, n_k))
+        if size <= budget:
+            return Plan(max(n_q, n_k), True, {s: list(range(n_units)) for s in range(n_samples)}, size, budget)
+    top = max(1, min(max_side, max(n_q, n_k) - 1))
+    sides = sorted({top, *(s for s in SIDES if s < top)}, reverse=True)
+    for side in sides:
+        size = n_samples * sample_bytes(side)
+        if size <= budget:
+            break
+    full: dict = {s: [] for s in range(n_samples)}
+    for u in units_2d:
+        for s in range(n_samples):
+            if size + head_bytes > budget:
+                return Plan(side, False, full, size, budget)
+            full[s].append(u)
+            size += head_bytes
+    return Plan(side, False, full, size, budget)
+
+
+def _tree(tree) -> dict:
+    return {"order": tree.order.tolist(), "depth": boundary_depth(tree).tolist()}
+
+
+def _quantised(mats) -> dict:
+    """8-bit codes of matrices of any shapes, concatenated; one range each."""
+    mats = list(mats)
+    if not mats:
+        return {"data": "", "lo": [], "hi": []}
+    codes, lo, hi = zip(*(quantise(m) for m in mats))
+    flat = np.concatenate([c.reshape(-1) for c in codes])
+    return {"data": pack(flat), "lo": [float(v) for v in lo], "hi": [float(v) for v in hi]}
+
+
+def round_values(a, digits: int = 5):
+    """JSON numbers with `digits` significant digits; NaN becomes null."""
+    a = np.asarray(a, dtype=np.float64)
+    out = np.vectorize(lambda v: float(f"{v:.{digits}g}") if np.isfinite(v) else None, otypes=[object])(a)
+    return out.tolist()
+
+
+def _chunked_means(x: np.ndarray, rows, cols, row_order=None, col_order=None):
+    """Block means of every head of x (unit, n, m), optionally permuted first, a few heads at a time."""
+    for a in range(0, x.shape[0], _CHUNK):
+        c = x[a:a + _CHUNK]
+        if row_order is not None:
+            c = c[:, row_order][:, :, col_order]
+        yield from block_mean(c, rows, cols)
+
+
+def encode_sample(s: Sample, orgs: dict[int, HeadOrganization], p: Plan, position: int) -> dict:
+    """One sample as the page's JSON: tokens, trees (leaf order and boundary depths), diffusion
+    coordinates, the 2-D organizations, and the heads at full resolution and/or level of detail."""
+    n_units, n_q, n_k = s.x.shape
+    units2d = list(orgs)
+    out = {"sample": s.index, "tokens": s.tokens, "key_tokens": s.key_tokens,
+           "info": {k: v for k, v in s.info.items() if k in ("label", "source_index")},
+           "tree_q": _tree(s.tree_q), "tree_k": _tree(s.tree_k),
+           "tree_h": s.tree_h.labels.tolist(), "diffusion": round_values(s.diffusion),
+           "o2d": {str(u): {"rows": _tree(o.tree_r), "cols": _tree(o.tree_c),
+                            "rel": float(o.relative_residual),
+                            "rel_unorganized": float(o.relative_residual_unorganized)}
+                   for u, o in orgs.items()}}
+    full = sorted(p.full.get(position, []))
+    if full:
+        fr = [u for u in full if u in orgs]
+        out["full"] = {"units": full, "raw": _quantised(s.x[u] for u in full),
+                       "resid_units": fr, "resid": _quantised(orgs[u].residual for u in fr)}
+    if p.full_mode:
+        return out
+    m = p.side
+    er, ec = uniform_cut(n_q, m), uniform_cut(n_k, m)
+    e3r, e3c = tree_cut(boundary_depth(s.tree_q), m), tree_cut(boundary_depth(s.tree_k), m)
+    edges2d, org2, res2 = {}, [], []
+    for u in units2d:
+        o = orgs[u]
+        r, c = tree_cut(boundary_depth(o.tree_r), m), tree_cut(boundary_depth(o.tree_c), m)
+        edges2d[str(u)] = {"rows": r.tolist(), "cols": c.tolist()}
+        org2.append(block_mean(s.x[u][np.ix_(o.tree_r.order, o.tree_c.order)], r, c))
+        res2.append(block_mean(o.residual, r, c))
+    out["lod"] = {"raw": {"rows": er.tolist(), "cols": ec.tolist(), **_quantised(_chunked_means(s.x, er, ec))},
+                  "org3d": {"rows": e3r.tolist(), "cols": e3c.tolist(),
+                            **_quantised(_chunked_means(s.x, e3r, e3c, s.tree_q.order, s.tree_k.order))},
+                  "units2d": units2d, "edges2d": edges2d, "org2d": _quantised(org2), "resid": _quantised(res2)}
+    return out
+
+
+def full_head_bytes(s: Sample, orgs: dict[int, HeadOrganization], u: int) -> int:
+    """Bytes that shipping head `u` of sample `s` at full resolution adds to the page (the head,
+    and its residual where it has a 2-D organization)."""
+    extra = {"raw": _quantised([s.x[u]])}
+    if u in orgs:
+        extra["resid"] = _quantised([orgs[u].residual])
+    return encoded_bytes(extra)
+
+
+def encoded_bytes(encoded: dict) -> int:
+    """Bytes of an encoded sample in the page (its compact JSON)."""
+    return len(json.dumps(encoded, separators=(",", ":"), allow_nan=False))

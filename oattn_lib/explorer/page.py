@@ -1,0 +1,153 @@
+"""The explorer's HTML: one self-contained file per model (plotly.js, the data and the page's
+script inline; opens from disk with no network) and an index linking the models."""
+from __future__ import annotations
+
+import html
+import json
+import os
+
+from .app_js import APP_JS
+
+__all__ = ["render_page", "render_index", "resolution_note", "read_meta"]
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
+header{background:#1f2a44;color:#fff;padding:10px 16px}header h1{font-size:18px;margin:0}
+header p{margin:4px 0 0;font-size:12px;color:#cfd6e6}
+.controls{display:flex;flex-wrap:wrap;gap:14px;align-items:center;padding:8px 16px;background:#eef1f6;
+ position:sticky;top:0;z-index:5;border-bottom:1px solid #d5dbe6}
+.controls label{font-size:13px}.controls select{max-width:300px}
+main{padding:8px 16px}.row{display:flex;flex-wrap:wrap;gap:8px}.panel{background:#fff;border:1px solid #dde;
+ border-radius:4px;padding:4px;flex:1 1 300px;min-width:280px}.panel h2{font-size:13px;margin:4px 6px}
+#info{padding:6px 4px;font-size:13px}.note{font-size:12px;color:#555;margin:4px 0}
+table{border-collapse:collapse;font-size:12px;margin:4px 0 12px;background:#fff}
+th,td{border:1px solid #ccd;padding:2px 6px;text-align:right}th{cursor:pointer;background:#eef1f6}
+th[data-dir=asc]::after{content:" ▲"}th[data-dir=desc]::after{content:" ▼"}
+tbody tr{cursor:pointer}tbody tr:hover{background:#f3f6ff}tr.sel{background:#ffe3e6!important}
+#tables h3{font-size:14px;margin:10px 0 2px}
+"""
+
+BODY = """
+<header><h1>Organized attention explorer — {model}</h1>
+<p>{subtitle}</p></header>
+<div class="controls">
+ <label>Sample <select id="sample"></select></label>
+ <label>Head <select id="head"></select></label>
+ <label>Grid colour <select id="metric"></select></label>
+ <label>Diffusion map colour <select id="colorby"></select></label>
+ <label>Tree level <input id="level" type="range" min="0" max="8" step="1"> <span id="level-value"></span></label>
+ <button id="reset-zoom" type="button">Reset zoom</button>
+</div>
+<main>
+<div class="row">
+ <div class="panel"><h2>Heads (layer × head) — click to select; ◦ = 2-D organization computed</h2><div id="grid"></div></div>
+ <div class="panel"><h2>Diffusion map of heads (ψ1, ψ2 of the head affinity, SPEC 6) — click a point</h2>
+  <div id="dmap"></div></div>
+</div>
+<div id="info"></div>
+<div class="row">
+ <div class="panel"><div id="view-raw"></div></div>
+ <div class="panel"><div id="view-org3d"></div></div>
+ <div class="panel"><div id="view-org2d"></div></div>
+ <div class="panel"><div id="view-resid"></div></div>
+</div>
+<p class="note">Click a cell of an organized view to zoom into its row and column folders at the chosen tree level
+(white lines: the folder boundaries of that level); "Reset zoom" or a double click zooms out.</p>
+<section id="resolution"><h3>What is shown, at which resolution</h3>{notes}</section>
+<div id="tables"></div>
+</main>
+"""
+
+
+def resolution_note(meta: dict) -> list[str]:
+    """Sentences for the page saying what it shows at which resolution, from the build's plan."""
+    p, nq, nk = meta["plan"], meta["n_query"], meta["n_key"]
+    name = lambda u: f"L{u // meta['n_head']} H{u % meta['n_head']}"  # noqa: E731
+    out = []
+    if p["full_mode"]:
+        out.append(f"Every head of every sample at full resolution ({nq} × {nk} tokens).")
+    else:
+        full = {s: us for s, us in p["full_units"].items() if us}
+        out.append(f"Level of detail: each view of each head is averaged over a cut of its own trees into at most "
+                   f"{p['side']} × {p['side']} folders (token order: the balanced binary tree of the positions; "
+                   f"3-D view: the network's query and key trees; 2-D view and residual: the head's own trees), "
+                   f"of {nq} × {nk} tokens. The panel titles give the resolution shown.")
+        out.append("Full resolution where you zoom in (a click into a folder, or a box zoom of at most 256 × 256 "
+                   "tokens), for these heads only: " + (
+            "; ".join(f"sample {s}: " + ", ".join(name(u) for u in us) for s, us in full.items())
+            if full else "none within the budget") + ".")
+    out.append("Values are quantised to 8 bits per matrix (steps of 1/255 of its range); hover shows them.")
+    out.append(f"Own 2-D organization (questionnaire2d, {meta['questionnaire2d_iters']} iterations, on the "
+               f"pre-softmax scores) and paraproduct residual: computed at build time for "
+               f"{len(meta['units_2d'])} of {meta['n_layer'] * meta['n_head']} heads per sample (explorer.heads_2d = "
+               f"{meta['heads_2d']}: the figure heads, then the lowest and highest mean Haar entropy in turn): "
+               + ", ".join(name(u) for u in meta["units_2d"]) + ".")
+    out.append(f"Data embedded: about {p['estimated_bytes'] / 1e6:.2f} MB (8-bit codes, gzip, base64; budget "
+               f"{p['budget_bytes'] / 1e6:.1f} MB, explorer.data_mb). Built in {meta['build_seconds']['total']:.1f} s "
+               f"({meta['build_seconds']['organize_2d']:.1f} s of 2-D organizations).")
+    return out
+
+
+def _json_script(obj) -> str:
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    # "<" only occurs inside JSON strings, where \u003c is the same character: no "</script>"
+    return text.replace("<", "\\u003c")
+
+
+def render_page(payload: dict, plotly_js: str | None = None) -> str:
+    """The self-contained page of one model: markup, the data as JSON, plotly.js and the page's
+    script, in that order (the markup paints before the scripts are parsed)."""
+    if plotly_js is None:
+        from plotly.offline import get_plotlyjs
+        plotly_js = get_plotlyjs()
+    m = payload["meta"]
+    q = m["quantity"]
+    subtitle = (f"{m['kind']} model, {m['n_layer']} layers × {m['n_head']} heads, {m['n_query']} tokens, "
+                f"{m['n_samples']} samples; heads show the {'post-softmax probabilities' if q == 'probs' else 'pre-softmax scores'} "
+                f"({q}). Fasina et al., Intrinsic and Extrinsic Organized Attention.")
+    notes = "".join(f"<p class='note'>{html.escape(s)}</p>" for s in resolution_note(m))
+    body = BODY.format(model=html.escape(m["model"]), subtitle=html.escape(subtitle), notes=notes)
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<title>oattn explorer: {html.escape(m['model'])}</title><link rel='icon' href='data:,'>"
+            f"<script id='oattn-meta' type='application/json'>{_json_script(m)}</script>"
+            f"<style>{CSS}</style></head><body>{body}"
+            f"<script id='oattn-data' type='application/json'>{_json_script(payload)}</script>"
+            f"<script>{plotly_js}</script><script>{APP_JS}</script></body></html>\n")
+
+
+def read_meta(page) -> dict:
+    """The `meta` a page embeds near its top (model, sizes, the resolution plan), read without
+    parsing the page's data."""
+    head = b""
+    with open(page, "rb") as f:
+        while b"</script>" not in head:
+            block = f.read(1 << 16)
+            if not block:
+                raise ValueError(f"{page}: not an explorer page (no embedded meta)")
+            head += block
+    start = head.find(b"<script id='oattn-meta' type='application/json'>")
+    if start < 0:
+        raise ValueError(f"{page}: not an explorer page (no embedded meta)")
+    text = head[start:].split(b">", 1)[1].split(b"</script>", 1)[0]
+    return json.loads(text.decode("utf-8"))
+
+
+def render_index(models: list[dict], index_path) -> str:
+    """A page linking the models' explorer pages (`models`: dicts with `model`, `path`, `meta`),
+    links relative to `index_path`."""
+    rows = []
+    for m in models:
+        meta = m["meta"]
+        href = os.path.relpath(m["path"], os.path.dirname(os.path.abspath(index_path)))
+        size = os.path.getsize(m["path"]) / 1e6 if os.path.exists(m["path"]) else float("nan")
+        res = "full" if meta["plan"]["full_mode"] else f"level of detail ≤ {meta['plan']['side']}²"
+        rows.append(f"<tr><td><a href='{html.escape(href)}'>{html.escape(meta['model'])}</a></td>"
+                    f"<td>{html.escape(meta['kind'])}</td><td>{meta['n_layer']} × {meta['n_head']}</td>"
+                    f"<td>{meta['n_query']}</td><td>{meta['n_samples']}</td><td>{res}</td><td>{size:.1f} MB</td></tr>")
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>oattn explorer</title>"
+            f"<link rel='icon' href='data:,'><style>{CSS}</style></head><body>"
+            "<header><h1>Organized attention explorer</h1><p>One self-contained page per model; "
+            "each opens from disk with no network. The links are relative: open this index from the "
+            "results directory (results/explorer.html), not from inside the Snakemake report.</p></header><main><table id='models'><thead><tr><th>model</th>"
+            "<th>kind</th><th>layers × heads</th><th>tokens</th><th>samples</th><th>resolution</th><th>size</th>"
+            "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></main></body></html>\n")

@@ -1,0 +1,476 @@
+"""The explorer (issue 13): the level of detail's properties, and each model's page built from the
+tiny workflow's real stores, driven in a real browser (Debian's chromium through playwright).
+
+Every browser test reads back what the page plots (plotly's own `data` of each graph) and
+compares it with the zarr stores, so a wrong head index, a transposed heatmap or a sample
+selector that does not switch fails. A screenshot of every state goes to the test's tmp dir.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from oattn_lib.explorer.encode import plan
+from oattn_lib.explorer.lod import block_mean, boundary_depth, dequantise, quantise, tree_cut, uniform_cut
+from oattn_lib.trees import PartitionTree
+
+
+# -- level of detail (no browser) -------------------------------------------------------------
+def nested_tree(n: int, seed: int) -> PartitionTree:
+    """A random tree with folders of 1 to 4 children (single-child folders included), items permuted."""
+    rng = np.random.default_rng(seed)
+    groups, levels = np.arange(n), [np.arange(n)]
+    while groups.max() > 0:
+        k = groups.max() + 1
+        sizes = rng.integers(1, 5, size=k)
+        parent = np.repeat(np.arange(k), sizes)[:k]
+        parent = np.unique(parent, return_inverse=True)[1]
+        if parent.max() + 1 == k:  # make progress: merge the first two
+            parent = np.r_[0, np.arange(k - 1)]
+        groups = parent[groups]
+        levels.append(groups)
+    labels = np.stack(levels[::-1])
+    return PartitionTree(labels[:, rng.permutation(n)])
+
+
+def runs(values) -> list[tuple[int, int]]:
+    values = np.asarray(values)
+    cut = np.flatnonzero(values[1:] != values[:-1]) + 1
+    edges = np.r_[0, cut, values.size]
+    return list(zip(edges[:-1].tolist(), edges[1:].tolist()))
+
+
+@given(st.integers(2, 60), st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_boundary_depth_recovers_every_level_of_the_tree(n, seed):
+    t = nested_tree(n, seed)
+    depth = boundary_depth(t)
+    for level in range(t.n_levels):
+        cuts = np.flatnonzero(depth <= level) + 1
+        from_depth = list(zip(np.r_[0, cuts].tolist(), np.r_[cuts, n].tolist()))
+        assert from_depth == runs(t.labels[level, t.order])
+
+
+@given(st.integers(2, 70), st.integers(1, 40), st.integers(0, 2**31 - 1))
+@settings(max_examples=60, deadline=None)
+def test_tree_cut_is_a_partition_into_folders_of_the_tree(n, max_folders, seed):
+    t = nested_tree(n, seed)
+    edges = tree_cut(boundary_depth(t), max_folders)
+    assert edges[0] == 0 and edges[-1] == n and np.all(np.diff(edges) > 0)
+    assert len(edges) - 1 <= max(max_folders, 1) or n <= max_folders
+    folders = {seg for level in range(t.n_levels) for seg in runs(t.labels[level, t.order])}
+    for seg in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        assert seg in folders, f"{seg} is not a folder of the tree"
+    if n <= max_folders:
+        assert np.array_equal(edges, np.arange(n + 1))
+    depth = boundary_depth(t)
+    root_children = int((depth == depth.min()).sum()) + 1
+    if max_folders >= root_children:  # the root is split whenever its children fit
+        assert len(edges) - 1 >= root_children
+
+
+def test_uniform_cut_is_contiguous_runs_of_near_equal_size():
+    e = uniform_cut(1000, 128)
+    assert e[0] == 0 and e[-1] == 1000 and len(e) - 1 <= 128
+    assert np.diff(e).max() - np.diff(e).min() <= 1 + np.diff(e).min()
+
+
+def test_block_mean_is_the_mean_over_each_rectangle():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 13, 9))
+    r, c = np.array([0, 4, 5, 13]), np.array([0, 2, 9])
+    got = block_mean(x, r, c)
+    for i in range(3):
+        for j in range(2):
+            assert np.allclose(got[:, i, j], x[:, r[i]:r[i + 1], c[j]:c[j + 1]].mean(axis=(1, 2)))
+    with pytest.raises(ValueError, match="row_edges"):
+        block_mean(x, np.array([0, 12]), c)
+
+
+def test_quantise_is_within_half_a_step_and_keeps_the_extremes():
+    x = np.random.default_rng(1).normal(size=(4, 7, 5)) * np.array([1, 10, 1e-3, 0])[:, None, None]
+    codes, lo, hi = quantise(x)
+    back = dequantise(codes, lo, hi)
+    step = (hi - lo)[:, None, None] / 255
+    assert np.all(np.abs(back - x) <= step / 2 + 1e-12)
+    assert np.allclose(lo, x.min(axis=(1, 2))) and np.allclose(hi, x.max(axis=(1, 2)))
+
+
+def test_plan_is_full_resolution_when_it_fits_and_level_of_detail_within_the_budget():
+    p = plan(64, 64, 72, 6, [0, 71], 128, 9_000_000)
+    assert p.full_mode and p.size <= p.budget
+    big = plan(1024, 1024, 270, 6, list(range(8)), 128, 9_000_000)
+    assert not big.full_mode and big.side <= 128 and big.size <= big.budget
+    assert big.side < 128  # 270 heads x 6 samples at 128 x 128 cannot fit 9 MB
+    generous = plan(300, 300, 4, 2, [1, 2], 128, 50_000_000)
+    assert generous.side == 128 and generous.full == {0: [1, 2], 1: [1, 2]}
+
+
+# -- the pages of the tiny workflow, in chromium -------------------------------------------------
+CHROMIUM = os.environ.get("OATTN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+MODELS = {"txl": ("txl", "scores"), "vit": ("vit", "probs"), "lm": ("hf", "probs")}
+
+
+@pytest.fixture(scope="module")
+def built(clean_run, tmp_path_factory):
+    """Each model's page built from clean_run's stores, plus a level-of-detail page of lm (8 x 8)."""
+    from wfutil import TINY
+    from oattn_lib.stages.explorer import explorer, explorer_index
+
+    out = tmp_path_factory.mktemp("explorer")
+    res = clean_run / "results"
+    dec = TINY["decompose"]
+    pages = {}
+
+    def build(model, name, **kw):
+        kind, quantity = MODELS[model]
+        base = res / model
+        n = 2
+        optional = {k: (base / sub if (base / sub).exists() else None) for k, sub in
+                    (("table3_csv", "tables/table3.csv"), ("table4_csv", "tables/table4.csv"),
+                     ("rankings_csv", "prune/rankings.csv"))}
+        path = out / name / "explorer.html"
+        explorer(model, kind, [base / f"attention/sample{i}.zarr" for i in range(n)],
+                 [base / f"organized/sample{i}.zarr" for i in range(n)],
+                 [base / f"decomposed/sample{i}.zarr" for i in range(n)], base / "entropy.zarr",
+                 base / "tables/table1.csv", base / "tables/table2.csv", path, quantity=quantity,
+                 figure_heads=dec["figure_heads"], questionnaire2d_iters=dec["questionnaire2d_iters"],
+                 **{**dict(heads_2d=4, max_side=128, data_mb=9.0), **kw}, **optional)
+        return path
+
+    for model in MODELS:
+        pages[model] = build(model, model)
+    explorer_index(pages, out / "explorer.html", note=out / "explorer_note.rst")
+    pages["lm-lod"] = build("lm", "lm-lod", max_side=8, data_mb=0.08)
+    return {"pages": pages, "index": out / "explorer.html", "results": res}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class Page:
+    """One explorer page open in chromium; console errors are collected."""
+
+    def __init__(self, browser, path, shots, explorer=True):
+        self.pg = browser.new_page(viewport={"width": 1500, "height": 1100})
+        self.errors, self.shots = [], shots
+        self.pg.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.pg.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.pg.goto(path.as_uri())
+        if explorer:
+            self.pg.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+
+    def js(self, expr, arg=None):
+        return self.pg.evaluate(expr, arg)
+
+    def renders(self) -> int:
+        return int(self.js("document.body.dataset.rendered"))
+
+    def after(self, action):
+        """Run `action` (a user interaction) and wait until the page has rendered the new state."""
+        before = self.renders()
+        action()
+        self.pg.wait_for_function(f"+document.body.dataset.rendered > {before}", timeout=30_000)
+        self.js("window.oattn.idle()")
+
+    def z(self, view) -> np.ndarray:
+        return np.array(self.js(f"document.getElementById('{view}').data[0].z"), dtype=np.float64)
+
+    def unit(self) -> int:
+        return self.js("window.oattn.state.unit")
+
+    def pixel(self, graph, x, y):
+        """Where data point (x, y) of a plotly graph is on the screen (plotly's own axis maps)."""
+        return self.js("""([id, x, y]) => { const gd = document.getElementById(id), L = gd._fullLayout;
+            const b = gd.getBoundingClientRect();
+            return [b.left + L.xaxis._offset + L.xaxis.l2p(x), b.top + L.yaxis._offset + L.yaxis.l2p(y)]; }""",
+                       [graph, x, y])
+
+    def click_at(self, x, y):
+        """Move there, let plotly's hover (throttled) catch up, then click: as a user does."""
+        self.pg.mouse.move(x, y, steps=4)
+        self.pg.wait_for_timeout(150)
+        self.pg.mouse.click(x, y)
+
+    def click_grid(self, layer, head):
+        self.after(lambda: self.click_at(*self.pixel("grid", head, layer)))
+
+    def shot(self, name):
+        self.pg.screenshot(path=str(self.shots / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture
+def open_page(browser, built, tmp_path):
+    opened = []
+
+    def open_(name):
+        p = Page(browser, built["pages"][name] if name != "index" else built["index"], tmp_path,
+                 explorer=name != "index")
+        opened.append(p)
+        return p
+
+    yield open_
+    for p in opened:
+        assert p.errors == [], f"console errors: {p.errors}"
+        p.pg.close()
+
+
+def store_head(results, model, sample, layer, head, quantity=None):
+    from oattn_lib.store import read_store
+
+    ds = read_store(results / model / f"attention/sample{sample}.zarr")
+    quantity = quantity or MODELS[model][1]
+    return ds[quantity].sel(layer=layer, head=head).transpose("query", "key").values.astype(np.float64)
+
+
+def assert_shows(z, x, what, span=None):
+    """The page shows x, quantised to 8 bits: within half a step of its range (or `span`, the range
+    of the whole matrix x is a block of), and not its transpose."""
+    tol = (x.max() - x.min() if span is None else span) / 510 + 1e-6
+    assert z.shape == x.shape, f"{what}: page shows {z.shape}, the store has {x.shape}"
+    err = np.abs(z - x).max()
+    assert err <= tol, f"{what}: differs from the store by {err:.3g} (tolerance {tol:.3g})"
+    if x.shape[0] == x.shape[1] and not np.allclose(x, x.T, atol=4 * tol):
+        assert np.abs(z - x.T).max() > tol, f"{what}: matches the transposed head too"
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_page_loads_fast_with_no_console_errors_and_fits_the_budget(open_page, built, model):
+    path = built["pages"][model]
+    assert path.stat().st_size < 15e6
+    p = open_page(model)
+    fcp = p.js("performance.getEntriesByName('first-contentful-paint')[0].startTime")
+    assert fcp < 3000, f"first paint after {fcp:.0f} ms"
+    assert p.js("document.querySelectorAll('#tables table').length") >= 2
+    p.shot(f"{model}-opened")
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_grid_shows_the_entropy_store_by_layer_and_head(open_page, built, model):
+    from oattn_lib.store import read_store
+
+    ent = read_store(built["results"] / model / "entropy.zarr")
+    p = open_page(model)
+    for metric, var in (("Haar entropy (coarsest l1)", "head_entropy"), ("l1/l2 sparsity (lower is sparser)",
+                                                                          "head_sparsity")):
+        p.after(lambda: p.pg.select_option("#metric", metric))
+        want = ent[var].isel(sample=0).transpose("layer", "head").values
+        assert np.allclose(p.z("grid"), want, rtol=1e-4), metric
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_clicking_a_head_in_the_grid_shows_that_heads_data(open_page, built, model):
+    from oattn_lib.stages.common import load_organization
+
+    res = built["results"]
+    p = open_page(model)
+    n_layer, n_head = p.js("[window.oattn.data.meta.n_layer, window.oattn.data.meta.n_head]")
+    for layer, head in ((n_layer - 1, 0), (0, n_head - 1)):
+        p.click_grid(layer, head)
+        assert p.unit() == layer * n_head + head
+        p.shot(f"{model}-grid-L{layer}H{head}")
+        x = store_head(res, model, 0, layer, head)
+        assert_shows(p.z("view-raw"), x, "raw view")
+        org, _ = load_organization(res / model / "organized/sample0.zarr")
+        assert_shows(p.z("view-org3d"), x[np.ix_(org.tree_q.order, org.tree_k.order)], "3-D view")
+        other = store_head(res, model, 0, (layer + 1) % n_layer, head)
+        assert np.abs(p.z("view-raw") - other).max() > (x.max() - x.min()) / 510
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_figure_head_2d_view_and_residual_equal_the_decomposed_store(open_page, built, model):
+    """The last figure head, (-1, -1), chosen from the head menu: its own 2-D organization and
+    paraproduct residual as the decompose stage stored them."""
+    from oattn_lib.store import read_store
+
+    dec = read_store(built["results"] / model / "decomposed/sample0.zarr")
+    p = open_page(model)
+    layer, head = int(dec["fig_layer"].values[-1]), int(dec["fig_head_index"].values[-1])
+    n_head = p.js("window.oattn.data.meta.n_head")
+    p.after(lambda: p.pg.select_option("#head", str(layer * n_head + head)))
+    o2d = p.js(f"window.oattn.data.samples[0].o2d[{layer * n_head + head}]")
+    assert o2d["rows"]["order"] == dec["fig_row_order"].values[-1].tolist()
+    assert o2d["cols"]["order"] == dec["fig_col_order"].values[-1].tolist()
+    organized = dec["fig_exact" if MODELS[model][1] == "probs" else "fig_organized2d"].values[-1]
+    assert_shows(p.z("view-org2d"), organized.astype(np.float64), "2-D view")
+    assert_shows(p.z("view-resid"), dec["fig_residual"].values[-1].astype(np.float64), "residual")
+    p.shot(f"{model}-figure-head")
+
+
+@pytest.mark.workflow
+def test_clicking_a_diffusion_map_point_selects_that_head_everywhere(open_page, built):
+    p = open_page("lm")
+    d = np.array(p.js("window.oattn.data.samples[0].diffusion"), dtype=np.float64)[:, :2]
+    px = np.array([p.pixel("dmap", *xy) for xy in d])
+    dist = np.linalg.norm(px[:, None] - px[None], axis=-1) + np.eye(len(px)) * 1e9
+    current = p.unit()
+    isolated = [u for u in np.argsort(-dist.min(1)) if u != current][:2]
+    n_head = p.js("window.oattn.data.meta.n_head")
+    for u in isolated:
+        assert dist[u].min() > 8, "no point of the diffusion map is far enough from the others to click"
+        p.after(lambda: p.click_at(*px[u]))
+        assert p.unit() == u
+        shape = p.js("document.getElementById('grid').layout.shapes[0]")
+        assert (round(shape["x0"] + 0.5), round(shape["y0"] + 0.5)) == (u % n_head, u // n_head)
+        assert p.js("document.getElementById('head').value") == str(u)
+        assert_shows(p.z("view-raw"), store_head(built["results"], "lm", 0, u // n_head, u % n_head), "raw view")
+        p.shot(f"dmap-selected-{u}")
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("model", ["txl", "vit"])
+def test_sample_selector_switches_the_data(open_page, built, model):
+    res = built["results"]
+    p = open_page(model)
+    n_head = p.js("window.oattn.data.meta.n_head")
+    layer, head = divmod(p.unit(), n_head)
+    x0, x1 = (store_head(res, model, s, layer, head) for s in (0, 1))
+    assert_shows(p.z("view-raw"), x0, "sample 0")
+    p.after(lambda: p.pg.select_option("#sample", "1"))
+    assert_shows(p.z("view-raw"), x1, "sample 1")
+    assert np.abs(p.z("view-raw") - x0).max() > (x0.max() - x0.min()) / 100
+    p.shot(f"{model}-sample1")
+
+
+@pytest.mark.workflow
+def test_table_row_click_selects_its_head_and_headers_sort(open_page, built):
+    import pandas as pd
+
+    t1 = pd.read_csv(built["results"] / "lm" / "tables/table1.csv")
+    p = open_page("lm")
+    n_head = p.js("window.oattn.data.meta.n_head")
+    row = t1.iloc[-1]
+    p.after(lambda: p.pg.locator("#table-0 tbody tr").nth(len(t1) - 1).click())
+    assert p.unit() == row["layer"] * n_head + row["head"]
+    p.pg.locator("#table-0 th", has_text="mean_entropy").click()
+    values = [float(v) for v in p.pg.locator("#table-0 tbody tr td:last-child").all_inner_texts()]
+    assert values == sorted(values)
+    p.shot("table-row-selected")
+
+
+@pytest.mark.workflow
+def test_level_of_detail_page_averages_over_tree_folders(open_page, built):
+    from oattn_lib.stages.common import load_organization
+
+    res = built["results"]
+    p = open_page("lm-lod")
+    meta = p.js("window.oattn.data.meta")
+    assert not meta["plan"]["full_mode"] and meta["plan"]["side"] == 8
+    full = set(meta["plan"]["full_units"]["0"])
+    n_head = meta["n_head"]
+    u = next(u for u in range(meta["n_layer"] * n_head) if u not in full and u not in meta["units_2d"])
+    p.after(lambda: p.pg.select_option("#head", str(u)))
+    x = store_head(res, "lm", 0, u // n_head, u % n_head)
+    er, ec = uniform_cut(x.shape[0], 8), uniform_cut(x.shape[1], 8)
+    assert p.js("document.getElementById('view-raw').data[0].y") == er.tolist()
+    assert_shows(p.z("view-raw"), block_mean(x, er, ec), "raw level of detail")
+    org, _ = load_organization(res / "lm" / "organized/sample0.zarr")
+    r, c = tree_cut(boundary_depth(org.tree_q), 8), tree_cut(boundary_depth(org.tree_k), 8)
+    assert_shows(p.z("view-org3d"), block_mean(x[np.ix_(org.tree_q.order, org.tree_k.order)], r, c),
+                 "3-D level of detail")
+    assert "level of detail 8" in p.js("document.getElementById('view-raw').layout.title.text")
+    p.shot("lod-head")
+    # a head shipped at full resolution shows every token of the folder a click zooms into
+    assert full, "the budget of this page leaves room for some heads at full resolution"
+    f = sorted(full)[0]
+    p.after(lambda: p.pg.select_option("#head", str(f)))
+    assert p.js("document.getElementById('view-org3d').data[0].y") == r.tolist()  # level of detail first
+    p.after(lambda: p.click_at(*p.pixel("view-org3d", 5.5, 7.5)))
+    rows, cols = (np.array(p.js(f"document.getElementById('view-org3d').data[0].{a}")) for a in "yx")
+    assert np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)) and rows[0] <= 7 < rows[-1] and len(rows) < 25
+    assert np.array_equal(cols, np.arange(cols[0], cols[-1] + 1)) and cols[0] <= 5 < cols[-1]
+    x = store_head(res, "lm", 0, f // n_head, f % n_head)[np.ix_(org.tree_q.order, org.tree_k.order)]
+    assert_shows(p.z("view-org3d"), x[rows[0]:rows[-1], cols[0]:cols[-1]], "zoomed full resolution",
+                 span=x.max() - x.min())
+    p.shot("lod-zoomed-full-resolution")
+    p.after(lambda: p.pg.click("#reset-zoom"))
+    assert p.js("document.getElementById('view-org3d').data[0].y") == r.tolist()
+
+
+@pytest.mark.workflow
+def test_index_links_every_model_page(open_page, built):
+    p = open_page("index")
+    hrefs = p.js("Array.from(document.querySelectorAll('#models a')).map(a => a.href)")
+    assert sorted(h.rsplit("/", 2)[-2] for h in hrefs) == sorted(MODELS)
+    p.pg.locator("#models a", has_text="vit").click()
+    p.pg.wait_for_function("document.body.dataset.ready === '1'", timeout=60_000)
+
+
+def test_gqa_grid_groups_heads_by_kv_group_and_a_click_selects_the_right_head(browser, tmp_path):
+    from oattn_lib.explorer.synthetic import synthetic_model
+    from oattn_lib.stages.explorer import explorer
+
+    kv = [1, 0, 1, 0]  # columns: heads 1, 3 (group 0), then 0, 2 (group 1)
+    m = synthetic_model(tmp_path / "stores", "gqa", "hf", 12, 2, 4, 2, kv_group=kv)
+    b = m["base"]
+    page = tmp_path / "gqa.html"
+    explorer("gqa", "hf", *[[b / f"{d}/sample{i}.zarr" for i in range(2)] for d in ("attention", "organized",
+                                                                                     "decomposed")],
+             b / "entropy.zarr", b / "tables/table1.csv", b / "tables/table2.csv", page, quantity="probs",
+             figure_heads=[[0, 0]], questionnaire2d_iters=1, heads_2d=1, max_side=128, data_mb=9.0)
+    p = Page(browser, page, tmp_path)
+    assert p.js("document.getElementById('grid').layout.xaxis.ticktext") == ["1·g0", "3·g0", "0·g1", "2·g1"]
+    for col, head in ((0, 1), (3, 2)):
+        p.click_grid(1, col)
+        assert p.unit() == 4 + head
+        assert_shows(p.z("view-raw"), store_head(b.parent, "gqa", 0, 1, head, "probs"), f"column {col}")
+    p.after(lambda: p.pg.select_option("#colorby", "kv"))
+    assert p.js("document.getElementById('dmap').data[0].marker.color") == kv * 2
+    p.shot("gqa")
+    assert p.errors == []
+
+
+@pytest.mark.workflow
+def test_the_workflow_pages_follow_the_config_and_the_stores(clean_run):
+    """The rule passes the config's explorer and decompose settings and every sample: each page's
+    embedded meta agrees with the config and the entropy store, and the index links them all."""
+    import xarray as xr
+    from wfutil import TINY
+    from oattn_lib.explorer import read_meta
+    from oattn_lib.explorer.build import figure_units
+
+    res = clean_run / "results"
+    index = (res / "explorer.html").read_text()
+    note = (res / "explorer_note.rst").read_text()
+    for m in TINY["models"]:
+        model = m["name"]
+        page = res / model / "explorer.html"
+        assert page.stat().st_size < 15e6
+        assert f"{model}/explorer.html" in index and f"- {model}:" in note
+        meta = read_meta(page)
+        ent = xr.open_zarr(res / model / "entropy.zarr", consolidated=False)
+        assert (meta["model"], meta["kind"], meta["quantity"]) == (model, m["kind"], m["extract"]["quantity"])
+        assert meta["n_samples"] == m["extract"]["n_samples"] == ent.sizes["sample"]
+        assert (meta["n_layer"], meta["n_head"]) == (ent.sizes["layer"], ent.sizes["head"])
+        figs = figure_units(TINY["decompose"]["figure_heads"], meta["n_layer"], meta["n_head"])
+        n_2d = min(TINY["explorer"]["heads_2d"], meta["n_layer"] * meta["n_head"])
+        assert meta["heads_2d"] == TINY["explorer"]["heads_2d"] and len(meta["units_2d"]) == n_2d
+        assert meta["units_2d"][:len(figs)] == figs[:n_2d]
+        assert meta["questionnaire2d_iters"] == TINY["decompose"]["questionnaire2d_iters"]
+        text = page.read_text()
+        start = text.index("<script id='oattn-data' type='application/json'>")
+        data = json.loads(text[start:].split(">", 1)[1].split("</script>", 1)[0])
+        # the grid's colours are the entropy store's (sample, layer x head) values
+        grid = np.array(data["metrics"]["Haar entropy (coarsest l1)"], dtype=float)
+        want = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(grid.shape)
+        np.testing.assert_allclose(grid, want, rtol=1e-3, atol=1e-6)
+        # the prune stage ran in the tiny config: its rankings colour the grid too
+        assert any(k.startswith("ablation: ") for k in data["metrics"])
