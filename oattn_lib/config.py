@@ -13,8 +13,10 @@ from pathlib import Path
 
 import yaml
 
+from .units import resolve_unit
+
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
-           "complete_model", "n_tokens", "n_units"]
+           "complete_model", "n_tokens", "n_units", "stored_units"]
 
 # the workflow's schema, the one place defaults live
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
@@ -212,7 +214,9 @@ def n_tokens(model: dict) -> int | None:
 
 
 def n_units(model: dict) -> tuple[int, int] | None:
-    """(layers, heads) when known from the config (txl, vit); None for hf models."""
+    """(layers, heads) of the model when known before running it: from the config (txl,
+    vit) or from the model's files (hf: config.json or the GGUF header, `models.files.hf_layout`);
+    None for an hf model whose files cannot be read here (a hub id)."""
     arch = model["arch"]
     if model["kind"] == "txl":
         return arch["n_layer"], arch["n_head"]
@@ -220,7 +224,23 @@ def n_units(model: dict) -> tuple[int, int] | None:
         if arch["variant"] == "vit_b_16":
             return 12, 12
         return arch["num_layers"], arch["num_heads"]
-    return None
+    from .models.files import hf_layout
+
+    layout = hf_layout(str(model.get("path", "")), model.get("gguf_file"))
+    return None if layout is None else (layout.n_layers, layout.n_heads)
+
+
+def stored_units(model: dict) -> tuple[list[int], list[int]] | None:
+    """The layer and head indices an attention store of the model holds (extract.layers,
+    extract.heads; every one when null), in the model's order; None when the model's size
+    is not known before running it."""
+    units = n_units(model)
+    if units is None:
+        return None
+    ex = model["extract"]
+    layers = sorted(ex.get("layers") or range(units[0]))
+    heads = sorted(ex.get("heads") or range(units[1]))
+    return layers, heads
 
 
 def check_config(config: dict) -> None:
@@ -237,10 +257,14 @@ def check_config(config: dict) -> None:
         if m["kind"] == "hf":
             from .models.files import hf_path_problem
 
-            problem = hf_path_problem(str(m.get("path", "")))
+            problem = hf_path_problem(str(m.get("path", "")), m.get("gguf_file"))
             if problem:
-                raise ConfigError(f"models[{i}].path: {problem}; allowed: a directory with a config.json, "
-                                  "the alias 'minilm', or (online) a Hugging Face hub id")
+                key = "gguf_file" if m.get("gguf_file") and "gguf" in problem.lower() else "path"
+                raise ConfigError(f"models[{i}].{key}: {problem}; allowed: a directory with a config.json, "
+                                  "the alias 'minilm' or 'smollm2', a directory holding gguf_file, or (online) "
+                                  "a Hugging Face hub id")
+        elif m.get("gguf_file"):
+            raise ConfigError(f"models[{i}].gguf_file: only hf models load GGUF files, {where} is {m['kind']}")
         arch = m["arch"]
         if m["kind"] == "vit" and arch["variant"] == "custom":
             size, patch = m["data"]["image_size"], arch["patch_size"]
@@ -254,20 +278,32 @@ def check_config(config: dict) -> None:
             raise ConfigError(f"{where}.extract.crop: start {crop[0]} must be below stop {crop[1]}")
         n = n_tokens(m)
         units = n_units(m)
+        for key, size in (("layers", units and units[0]), ("heads", units and units[1])):
+            bad = [v for v in m["extract"].get(key) or [] if size is not None and v >= size]
+            if bad:
+                raise ConfigError(f"{where}.extract.{key}: {bad} outside the model's {size} {key}; "
+                                  f"allowed: 0..{size - 1}")
+            if m["extract"].get(key) is not None and config["prune"]["enabled"]:
+                # the ablation masks heads of the whole model in the order of their Haar entropies
+                raise ConfigError(f"{where}.extract.{key}: the prune stage ranks every head of the model by its "
+                                  f"Haar entropy, so it needs every head stored; allowed: null, or set "
+                                  "prune.enabled: false")
         top = ent["head_top_k"]
         if n * n < top:
             raise ConfigError(f"entropy.head_top_k: {top} exceeds the {n} x {n} = {n * n} bi-Haar "
                               f"coefficients of {where}; allowed: 1..{n * n}")
-        if units is not None:
-            total = n * n * units[0] * units[1]
+        stored = stored_units(m)
+        if stored is not None:
+            layers, heads = stored
+            total = n * n * len(layers) * len(heads)
             if total < ent["network_top_k"]:
                 raise ConfigError(f"entropy.network_top_k: {ent['network_top_k']} exceeds the {total} "
                                   f"tri-Haar coefficients of {where}; allowed: 1..{total}")
             for layer, head in config["decompose"]["figure_heads"]:
-                if not (-units[0] <= layer < units[0] and -units[1] <= head < units[1]):
-                    raise ConfigError(f"decompose.figure_heads: ({layer}, {head}) is outside {where}'s "
-                                      f"{units[0]} layers x {units[1]} heads; allowed: layer in "
-                                      f"-{units[0]}..{units[0] - 1}, head in -{units[1]}..{units[1] - 1}")
+                try:
+                    resolve_unit(layer, head, layers, heads, owner=f"{where}'s")
+                except ValueError as exc:
+                    raise ConfigError(f"decompose.figure_heads: {exc}") from None
 
 
 def complete_model(model: dict, schema_path=SCHEMA, **sections) -> dict:

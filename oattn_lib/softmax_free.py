@@ -82,7 +82,8 @@ def run_models(config: dict) -> dict[str, dict]:
     An entry is what the ordinary rules read of a model (name, kind, data, arch, train,
     extract), complete and canonical like the validated config: the base model's data, arch
     with `attention` set, train with the run's seed; extract samples `softmax_free.n_samples`
-    with the base model's extraction seed (the same inputs for every run) and analyses
+    with the base model's extraction seed (the same inputs for every run), stores what the
+    base model stores (its extract.dtype, extract.layers and extract.heads) and analyses
     `softmax_free.quantity`, uncropped. `softmax_free` records the base model, attention,
     seed and `softmax_free.steps`: what rule softmax_free_train reads besides.
     """
@@ -97,7 +98,7 @@ def run_models(config: dict) -> dict[str, dict]:
                     "arch": {**base["arch"], "attention": attention},
                     "train": {**base["train"], "seed": seed},
                     "extract": {"quantity": sf["quantity"], "n_samples": sf["n_samples"],
-                                "seed": base["extract"]["seed"]},
+                                **{k: base["extract"][k] for k in ("seed", "dtype", "layers", "heads")}},
                     "softmax_free": {"model": base["name"], "attention": attention, "seed": seed,
                                      "steps": sf["steps"]}})
     return runs

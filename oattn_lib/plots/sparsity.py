@@ -123,12 +123,15 @@ def fig4_bihaar(coeffs, supports, head_names, haar_vectors, title: str = "", *,
 # -- Figure 5 --------------------------------------------------------------------------
 @styled
 def fig5_entropy_heatmaps(entropies, sample_names, title: str = "", *,
-                          value_label: str = "per-head ℓ1 entropy", annotate: bool | None = None) -> Figure:
+                          value_label: str = "per-head ℓ1 entropy", annotate: bool | None = None,
+                          layers=None, heads=None) -> Figure:
     """Paper Figure 5: per-head l1 entropy (SPEC 4) as layer x head heatmaps, one per sample.
 
     `entropies` is (n_samples, n_layers, n_heads) (paper: 3 batches). All panels share
     one colour scale so batches compare directly; values are written in the cells when
     there are few enough of them (`annotate=None` decides: at most 256 cells, 16 heads).
+    `layers`, `heads`: the model's indices of the rows and columns, when a subset was
+    stored (extract.layers / extract.heads); None: 0, 1, ...
     """
     e = as_array(entropies, "entropies", (2, 3))
     if e.ndim == 2:
@@ -157,8 +160,12 @@ def fig5_entropy_heatmaps(entropies, sample_names, title: str = "", *,
         ax.set_title(sample_names[i])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.xaxis.set_major_locator(MaxNLocator(min(n_heads, 12), integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(min(n_layers, 16), integer=True))
+        for axis, n, labels, most in ((ax.xaxis, n_heads, heads, 12), (ax.yaxis, n_layers, layers, 16)):
+            if labels is None or np.array_equal(np.asarray(labels), np.arange(n)):
+                axis.set_major_locator(MaxNLocator(min(n, most), integer=True))
+            else:
+                at = np.arange(0, n, -(-n // most))
+                axis.set_ticks(at, [str(int(np.asarray(labels)[i])) for i in at])
         if annotate:
             fs = 7 if n_heads <= 8 else 6
             for (r, c), v in np.ndenumerate(e[i]):

@@ -16,6 +16,7 @@ from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
 from ..trees import random_tree
+from ..units import resolve_unit
 from .common import load_network, load_organization, model_mask, network_tensor, plain, unit_coords
 
 log = logging.getLogger("oattn")
@@ -23,15 +24,12 @@ log = logging.getLogger("oattn")
 __all__ = ["decompose"]
 
 
-def _figure_units(figure_heads, n_layer, n_head) -> list[tuple[int, int]]:
-    units = []
-    for layer, head in figure_heads:
-        lay, hd = layer % n_layer if layer < 0 else layer, head % n_head if head < 0 else head
-        if not (0 <= lay < n_layer and 0 <= hd < n_head):
-            raise ValueError(f"decompose.figure_heads: ({layer}, {head}) is outside the model's "
-                             f"{n_layer} layers x {n_head} heads")
-        units.append((lay, hd))
-    return units
+def _figure_units(figure_heads, layers, heads) -> list[tuple[int, int]]:
+    """The model's (layer, head) of each figure head: positions among the stored ones."""
+    try:
+        return [resolve_unit(layer, head, layers, heads) for layer, head in figure_heads]
+    except ValueError as exc:
+        raise ValueError(f"decompose.figure_heads: {exc}") from None
 
 
 def decompose(attention_store, organized_store, out, quantity: str, crop=None,
@@ -52,8 +50,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         cr = trihaar(xv, *(random_tree(n, rng) for n in xv.shape))
         rand_l1.append(float(cr.abs().double().sum()))
         rand_ratio.append(float(l1_over_l2(cr.reshape(-1), 0)))
-    n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
-    units = _figure_units(figure_heads, n_layer, n_head)
+    units = _figure_units(figure_heads, ds["layer"].values, ds["head"].values)
     fig = {k: [] for k in ("original", "organized3d", "organized2d", "exact", "approx", "residual")}
     rel, rel_unorg, orders = [], [], []
     # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed

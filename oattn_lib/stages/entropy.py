@@ -39,20 +39,22 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
         for k in ("network_l1", "network_l1_random", "network_sparsity_random"):
             rows[k].append(float(ds[k].values))
     n_s = len(decomposed_stores)
-    layers = first["unit_layer"].values
-    heads = first["unit_head"].values
-    n_layer, n_head = int(layers.max()) + 1, int(heads.max()) + 1
+    # the (layer, head) grid of the stored heads: the model's indices as coordinates (a
+    # subset of layers or heads, extract.layers / extract.heads, gives a smaller grid)
+    layers, heads = first["unit_layer"].values, first["unit_head"].values
+    layer_ids, head_ids = np.unique(layers), np.unique(heads)
+    rows_at, cols_at = np.searchsorted(layer_ids, layers), np.searchsorted(head_ids, heads)
 
     def grid(v):
-        g = np.full((n_layer, n_head), np.nan)
-        g[layers, heads] = v
+        g = np.full((layer_ids.size, head_ids.size), np.nan)
+        g[rows_at, cols_at] = v
         return g
 
     out_ds = xr.Dataset(
         {"head_entropy": (("sample", "layer", "head"), np.stack([grid(v) for v in rows["head_entropy"]])),
          "head_sparsity": (("sample", "layer", "head"), np.stack([grid(v) for v in rows["head_sparsity"]])),
          **{k: ("sample", np.asarray(rows[k])) for k in rows if k.startswith("network")}},
-        coords={"sample": np.arange(n_s), "layer": np.arange(n_layer), "head": np.arange(n_head)},
+        coords={"sample": np.arange(n_s), "layer": layer_ids, "head": head_ids},
         attrs={"model": first.attrs.get("model", ""),
                **store.provenance_attrs(config_slice or {}, first.attrs.get("checkpoint_sha256"), code=code,
                                         head_top_k=head_top_k, network_top_k=network_top_k)})

@@ -1,9 +1,20 @@
-"""Stage `extract`: scores and probabilities of every head for one sample (SPEC 7-8)."""
+"""Stage `extract`: scores and probabilities of every head for one sample (SPEC 7-8).
+
+Stores are streamed: `AttentionWriter` appends each layer to the zarr store as soon as the
+model has computed it (for Hugging Face models, from inside the forward pass through
+`models.hf.hf_attention_stream`), so extraction holds the model plus about one layer,
+whatever the number of layers and the sequence length. One head of one layer is one zarr
+chunk. The store is written into a temporary sibling and renamed into place only once
+every layer is in (`store.atomic_output`): a crash mid-forward leaves no store that a rerun
+would trust, and the next write of the same store removes the temporary.
+"""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,16 +24,23 @@ import xarray as xr
 from .. import store
 from ..data.images import vit_images
 from ..models.checkpoint import build_model, load_checkpoint
-from ..models.files import is_minilm_alias, minilm_path
+from ..models.files import resolve_hf
 from ..runtime import resolve_device
 from ..store import load_npz
 
 log = logging.getLogger("oattn")
 
-__all__ = ["attention_dataset", "extract", "hf_hash"]
+__all__ = ["DTYPES", "AttentionWriter", "attention_writer", "attention_dataset", "store_nbytes", "extract",
+           "hf_hash"]
+
+DTYPES = {"float16": np.float16, "float32": np.float32}
+"""`extract.dtype`: how scores and probs are stored."""
 
 
 def attention_dataset(scores, probs, tokens, attrs, token_text=None) -> xr.Dataset:
+    """An attention store's dataset built in memory from (layer, head, query, key) arrays, float32,
+    layers and heads numbered from 0 (the layout `AttentionWriter` streams, without
+    `allowed` and `kv_group`)."""
     n_layer, n_head, n_q, n_k = probs.shape
     for name, arr in (("scores", scores), ("probs", probs)):
         bad = ~np.isfinite(arr)
@@ -41,6 +59,149 @@ def attention_dataset(scores, probs, tokens, attrs, token_text=None) -> xr.Datas
     return ds
 
 
+def store_nbytes(n_layers: int, n_heads: int, n_tokens: int, dtype: str) -> int:
+    """Uncompressed bytes of an attention store: scores and probs in `dtype`, `allowed` as bytes."""
+    return n_layers * n_tokens * n_tokens * (2 * n_heads * np.dtype(DTYPES[dtype]).itemsize + 1)
+
+
+_TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+
+
+class AttentionWriter:
+    """An attention store (SPEC 8) written one layer at a time into the directory `path`.
+
+    Layout: `scores` and `probs` (layer, head, query, key) in `dtype`, one chunk per (layer,
+    head); `allowed` (layer, query, key) bool, True where the model may attend (its causal,
+    sliding-window or padding mask), one chunk per layer; coordinates `layer` and `head`
+    (the model's indices of the stored layers and heads), `kv_group` (head: the key/value
+    head each query head reads, `models.hf.kv_groups`; the head itself without
+    grouped-query attention), `query`, `key` and `token` (query). Use `attention_writer`,
+    which makes the write atomic.
+
+    The first layer lays the store out through xarray with an empty layer axis (names,
+    coordinates, attributes, chunks); every layer is then appended with zarr directly,
+    which writes the arrays as they are (xarray's encoding would copy each variable
+    first). Selection, casting and checks run in torch on the tensors the model made.
+
+    `heads` selects the query heads stored of every layer (None: all). Layers are appended
+    in the order written, which must be increasing.
+    """
+
+    def __init__(self, path, *, tokens, attrs: dict, dtype: str = "float32", heads=None, token_text=None):
+        if dtype not in DTYPES:
+            raise ValueError(f"extract.dtype: {dtype!r} is not one of {sorted(DTYPES)}")
+        self.path = Path(path)
+        self.tokens = np.asarray(tokens)
+        self.attrs = dict(attrs)
+        self.dtype = dtype
+        self.heads = None if heads is None else np.asarray(heads, dtype=np.int64)
+        self.token_text = None if token_text is None else list(token_text)
+        self.layers: list[int] = []
+        self.kv_group: np.ndarray | None = None
+        self.model_heads: int | None = None
+        self.model_kv_heads: int | None = None
+        self._group = None
+
+    def _where(self) -> str:
+        return f"{self.attrs.get('model')} sample {self.attrs.get('sample')}"
+
+    def _layout(self, heads: np.ndarray, kv: np.ndarray, n_q: int, n_k: int) -> None:
+        import zarr
+
+        if self.tokens.shape[0] < n_q:
+            raise ValueError(f"tokens: {self.tokens.shape[0]} given for {n_q} queries")
+        dims = ("layer", "head", "query", "key")
+        empty = np.empty((0, heads.size, n_q, n_k), dtype=DTYPES[self.dtype])
+        ds = xr.Dataset({"scores": (dims, empty), "probs": (dims, empty),
+                         "allowed": (("layer", "query", "key"), np.empty((0, n_q, n_k), dtype=bool))},
+                        coords={"layer": np.empty(0, dtype=np.int64), "head": heads, "kv_group": ("head", kv),
+                                "query": np.arange(n_q), "key": np.arange(n_k),
+                                "token": ("query", self.tokens[:n_q])},
+                        attrs={**self.attrs, "dtype": self.dtype})
+        if self.token_text is not None:
+            ds.attrs["token_text"] = json.dumps(self.token_text[:n_q])
+        ds["allowed"].attrs["description"] = "True where the model may attend (its own mask)"
+        encoding = {"scores": {"chunks": (1, 1, n_q, n_k)}, "probs": {"chunks": (1, 1, n_q, n_k)},
+                    "allowed": {"chunks": (1, n_q, n_k)}, "layer": {"chunks": (1024,)}}
+        ds.to_zarr(self.path, mode="w", consolidated=False, encoding=encoding)
+        self._group = zarr.open_group(self.path, mode="r+")
+
+    def write(self, layer: int, scores, probs, allowed=None, n_kv_heads: int | None = None) -> None:
+        """Append one layer: scores and probs (head, query, key) of every head of the layer
+        (torch tensors or arrays), allowed (query, key) bool or None (nothing masked),
+        n_kv_heads the layer's key/value heads (None: one per query head)."""
+        from ..models.hf import kv_groups
+
+        layer = int(layer)
+        if self.layers and layer <= self.layers[-1]:
+            raise ValueError(f"layer {layer} written after layer {self.layers[-1]}; layers must increase")
+        scores, probs = (torch.as_tensor(x).detach().cpu() for x in (scores, probs))
+        if scores.ndim != 3 or scores.shape != probs.shape:
+            raise ValueError(f"scores, probs: expected two (head, query, key) arrays of one shape, got "
+                             f"{tuple(scores.shape)} and {tuple(probs.shape)}")
+        n_head, n_q, n_k = probs.shape
+        heads = np.arange(n_head) if self.heads is None else self.heads
+        if heads.size and (heads.min() < 0 or heads.max() >= n_head):
+            raise ValueError(f"extract.heads: {sorted(int(h) for h in heads if not 0 <= h < n_head)} outside "
+                             f"layer {layer}'s {n_head} heads; allowed: 0..{n_head - 1}")
+        kv = kv_groups(n_head, n_kv_heads or n_head)[heads]
+        if self.kv_group is not None and not np.array_equal(kv, self.kv_group):
+            raise ValueError(f"layer {layer} groups its query heads into {n_kv_heads} key/value heads, unlike "
+                             "the layers before it; such models are not supported")
+        if heads.size != n_head:
+            index = torch.from_numpy(heads)
+            scores, probs = scores.index_select(0, index), probs.index_select(0, index)
+        out = {}
+        for name, x in (("scores", scores), ("probs", probs)):
+            # per-head extremes: NaN and inf show in them, and no layer-sized temporary is made
+            hi, lo = x.amax(dim=(1, 2)).double(), x.amin(dim=(1, 2)).double()
+            bad = ~(torch.isfinite(hi) & torch.isfinite(lo))
+            if bad.any():
+                raise ValueError(f"{self._where()}: {name} has NaN or inf at layer {layer}, "
+                                 f"head {int(heads[int(bad.int().argmax())])}")
+            if self.dtype == "float16":
+                big = torch.maximum(hi, -lo) > float(np.finfo(np.float16).max)
+                if big.any():
+                    raise ValueError(f"extract.dtype: {name} of {self._where()} exceed the float16 range at "
+                                     f"layer {layer}, head {int(heads[int(big.int().argmax())])}; use dtype float32")
+            out[name] = x.to(_TORCH_DTYPES[self.dtype]).numpy()
+        ok = np.ones((n_q, n_k), dtype=bool) if allowed is None else \
+            torch.as_tensor(allowed).detach().cpu().numpy().astype(bool, copy=False)
+        if ok.shape != (n_q, n_k):
+            raise ValueError(f"allowed: expected shape {(n_q, n_k)}, got {ok.shape}")
+        if self._group is None:
+            self._layout(heads, kv, n_q, n_k)
+            self.kv_group, self.model_heads, self.model_kv_heads = kv, n_head, int(n_kv_heads or n_head)
+        elif out["probs"].shape != self._group["probs"].shape[1:]:
+            raise ValueError(f"layer {layer}: (head, query, key) shape {out['probs'].shape} differs from the "
+                             f"layers before, {self._group['probs'].shape[1:]}")
+        i = len(self.layers)
+        for name, value in (("scores", out["scores"]), ("probs", out["probs"]), ("allowed", ok),
+                            ("layer", np.int64(layer))):
+            arr = self._group[name]
+            arr.resize((i + 1, *arr.shape[1:]))
+            arr[i] = value
+        self.layers.append(layer)
+
+    def finish(self, model_layers: int) -> None:
+        """Record the model's size beside the stored selection: attributes `model_layers`,
+        `model_heads` and `model_kv_heads` (per layer)."""
+        if not self.layers:
+            raise ValueError(f"{self._where()}: no layer was written (extract.layers selects none?)")
+        self._group.attrs.update(model_layers=int(model_layers), model_heads=self.model_heads,
+                                 model_kv_heads=self.model_kv_heads)
+
+@contextlib.contextmanager
+def attention_writer(out, *, tokens, attrs: dict, dtype: str = "float32", heads=None, token_text=None):
+    """An `AttentionWriter` on a temporary sibling of the store `out`, renamed to `out` when the
+    block ends without error and after at least one layer; removed otherwise."""
+    with store.atomic_output(store.store_path(out)) as tmp:
+        writer = AttentionWriter(tmp, tokens=tokens, attrs=attrs, dtype=dtype, heads=heads, token_text=token_text)
+        yield writer
+        if not writer.layers:
+            raise ValueError(f"{store.store_path(out)}: no layer was written (extract.layers selects none?)")
+
+
 def _pick(n_available: int, n: int, seed: int, what: str) -> np.ndarray:
     if n_available < n:
         raise ValueError(f"extract.n_samples: {n} samples requested but only {n_available} {what} "
@@ -48,42 +209,86 @@ def _pick(n_available: int, n: int, seed: int, what: str) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n_available, size=n, replace=False))
 
 
+def _log_size(out, name: str, sample: int, n_layers: int, n_heads: int, n_tokens: int, dtype: str) -> None:
+    nbytes = store_nbytes(n_layers, n_heads, n_tokens, dtype)
+    root = Path(store.store_path(out)).resolve().parent
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    log.info("%s sample %d: writing %d layers x %d heads x %d x %d tokens in %s, about %.1f MB before "
+             "compression (%.1f GB free at %s)", name, sample, n_layers, n_heads, n_tokens, n_tokens, dtype,
+             nbytes / 1e6, free / 1e9, root)
+    if nbytes > free:
+        log.warning("%s sample %d: the store may not fit on the disk (%.1f GB before compression, %.1f GB "
+                    "free); consider extract.dtype float16 or extract.layers / extract.heads", name, sample,
+                    nbytes / 1e9, free / 1e9)
+
+
+def _check_layers(layers, n_layers: int) -> None:
+    bad = sorted(v for v in layers or [] if not 0 <= v < n_layers)
+    if bad:
+        raise ValueError(f"extract.layers: {bad} outside the model's {n_layers} attention layers; allowed: "
+                         f"0..{n_layers - 1}")
+
+
 def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample: int,
-            device="auto", config_slice: dict | None = None, code: str | None = None) -> None:
-    """Extract scores and probabilities of every head for one sample (SPEC 7-8).
+            device="auto", config_slice: dict | None = None, code: str | None = None,
+            prepared=None) -> None:
+    """Extract scores and probabilities of the heads of one sample (SPEC 7-8): every layer and
+    head, or those of `extract.layers` / `extract.heads`, stored as `extract.dtype`.
 
     Samples are drawn without replacement with the extraction seed, so sample i is the
-    same input whichever job extracts it.
+    same input whichever job extracts it. `prepared`: the directory `prepare_model` wrote
+    for a GGUF model, or its config.json (loaded instead of `model["path"]`).
     """
     dev = resolve_device(device)
     ex = model["extract"]
-    n, seed = ex["n_samples"], ex["seed"]
+    n, seed, dtype = ex["n_samples"], ex["seed"], ex["dtype"]
+    layers, heads = ex.get("layers"), ex.get("heads")
     if not 0 <= sample < n:
         raise ValueError(f"sample: {sample} is outside 0..{n - 1} (extract.n_samples = {n})")
     meta = json.loads(Path(data_meta).read_text())
     attrs = {"model": model["name"], "kind": kind, "sample": int(sample)}
-    token_text = None
     if kind == "hf":
-        from ..models.hf import hf_attention, load_hf  # transformers: only for hf models
+        from ..models.hf import hf_attention_stream, hf_encode, load_hf  # transformers: only for hf models
 
-        net, tok = load_hf(model["path"], device=dev)
+        if prepared:
+            prepared = Path(prepared).parent if Path(prepared).is_file() else Path(prepared)
+        source = (str(prepared), None) if prepared else (model["path"], model.get("gguf_file"))
+        net, tok = load_hf(source[0], device=dev, gguf_file=source[1])
         max_len = ex["max_length"]
         # long enough texts only, so that every sample has exactly max_length tokens
         texts = [t for t in meta["test_texts"] if len(t) >= 4 * max_len]
         texts = [t for t in texts if len(tok(t, add_special_tokens=True)["input_ids"]) >= max_len]
         idx = int(_pick(len(texts), n, seed, f"held-out texts with >= {max_len} tokens")[sample])
-        res = hf_attention(net, tok, [texts[idx]], max_length=max_len)
-        if res["scores"] is None:
-            raise ValueError(f"model {model['path']!r} does not expose pre-softmax scores "
-                             "(no AttentionInterface support); use extract.quantity: probs")
-        scores, probs = res["scores"][0].numpy(), res["probs"][0].numpy()
-        toks, token_text = res["input_ids"][0].numpy(), res["tokens"][0]
-        ck_hash = hf_hash(model["path"])
+        attrs["source_index"] = idx
+        attrs.update(store.provenance_attrs(config_slice or {}, hf_hash(*source), code=code))
+        inputs = hf_encode(net, tok, [texts[idx]], max_length=max_len)
+        ids = inputs["input_ids"][0].cpu().numpy()
+        n_model = int(getattr(net.config, "num_hidden_layers", 0) or 0)
+        n_heads = int(getattr(net.config, "num_attention_heads", 0) or 0)
+        if n_model:
+            _check_layers(layers, n_model)
+        _log_size(out, model["name"], sample, len(layers) if layers else n_model, len(heads) if heads else n_heads,
+                  ids.size, dtype)
+        wanted = None if layers is None else set(layers)
+        with attention_writer(out, tokens=ids, attrs=attrs, dtype=dtype, heads=heads,
+                              token_text=tok.convert_ids_to_tokens(ids.tolist())) as writer:
+            def on_layer(call):
+                if wanted is None or call.index in wanted:
+                    writer.write(call.index, call.scores[0], call.probs[0],
+                                 None if call.allowed is None else call.allowed[0], call.n_kv_heads)
+
+            n_calls = hf_attention_stream(net, inputs, on_layer)
+            _check_layers(layers, n_calls)
+            writer.finish(n_calls)
+        n_stored, n_tok = len(writer.layers), ids.size
     else:
         ck = load_checkpoint(checkpoint)
-        ck_hash = store.file_sha256(checkpoint)
         arrays = load_npz(data_npz)
+        token_text = None
         if kind == "txl":
+            from ..models.txl import causal_mask
+
             net = build_model("txl", ck["arch"], n_token=len(meta["vocab"]))
             tgt = ck["arch"]["tgt_len"]
             test = arrays["test"]
@@ -100,29 +305,44 @@ def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample
             raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
         net.load_state_dict(ck["state_dict"])
         net.to(dev).eval()
+        allowed = None
         with torch.no_grad():
             if kind == "txl":
                 res = net(torch.from_numpy(toks)[None].to(dev), mems=None, return_attention=True)
-                scores, probs = res.scores[0].cpu().numpy(), res.probs[0].cpu().numpy()
+                scores, probs = res.scores[0], res.probs[0]
+                cfg = net.config
+                allowed = ~causal_mask(toks.size, 0, cfg.mem_len, cfg.same_length)
             else:
                 from ..models.vit import vit_attention
 
                 _, s, p = vit_attention(net, img.to(dev))
-                scores, probs = s[0].cpu().numpy(), p[0].cpu().numpy()
+                scores, probs = s[0], p[0]
                 toks = np.arange(-1, probs.shape[-1] - 1)  # -1 = class token, then patch index
-    attrs["source_index"] = idx
-    attrs.update(store.provenance_attrs(config_slice or {}, ck_hash, code=code))
-    ds = attention_dataset(scores, probs, toks, attrs, token_text=token_text)
-    store.write_store(ds, out)
+        attrs["source_index"] = idx
+        attrs.update(store.provenance_attrs(config_slice or {}, store.file_sha256(checkpoint), code=code))
+        n_model, n_heads, n_tok = probs.shape[0], probs.shape[1], probs.shape[-1]
+        _check_layers(layers, n_model)
+        _log_size(out, model["name"], sample, len(layers) if layers else n_model, len(heads) if heads else n_heads,
+                  n_tok, dtype)
+        with attention_writer(out, tokens=toks, attrs=attrs, dtype=dtype, heads=heads,
+                              token_text=token_text) as writer:
+            for layer in (range(n_model) if layers is None else sorted(layers)):
+                writer.write(layer, scores[layer], probs[layer], allowed)
+            writer.finish(n_model)
+        n_stored = len(writer.layers)
     log.info("%s sample %d: source %d, %d layers x %d heads, %d tokens", model["name"], sample, idx,
-             ds.sizes["layer"], ds.sizes["head"], ds.sizes["query"])
+             n_stored, writer.kv_group.size, n_tok)
 
 
-def hf_hash(path: str) -> str:
-    """Hash of a local Hugging Face model's weight files (provenance of `hf` models)."""
-    root = Path(minilm_path() if is_minilm_alias(path) else path)
+def hf_hash(path: str, gguf_file: str | None = None) -> str:
+    """Hash of a local Hugging Face model's weight files, or of its GGUF file (provenance of
+    `hf` models)."""
+    directory, gguf_file = resolve_hf(path, gguf_file)
+    root = Path(directory)
     if not root.is_dir():
-        return f"hub:{path}"
+        return f"hub:{path}" + (f"/{gguf_file}" if gguf_file else "")
+    if gguf_file:
+        return store.file_sha256(root / gguf_file)
     h = hashlib.sha256()
     for f in sorted(root.rglob("*")):
         if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):

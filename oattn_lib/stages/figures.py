@@ -53,8 +53,10 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     by_support = np.lexsort((np.arange(sup.size), lev, -sup))
     picks = list(range(min(2, len(names))))
     coeffs, sups = [], []
+    unit_layer, unit_head = dec0["unit_layer"].values, dec0["unit_head"].values
     for j in picks:
-        u = int(dec0["fig_layer"].values[j]) * int(dec0["unit_head"].values.max() + 1) + int(dec0["fig_head_index"].values[j])
+        u = int(np.flatnonzero((unit_layer == dec0["fig_layer"].values[j])
+                               & (unit_head == dec0["fig_head_index"].values[j]))[0])
         coeffs.append(dec0["bihaar"].values[:, :, u].ravel()[by_support])
         sups.append(sup[by_support])
     bh = haar_basis(org0.tree_h)[0]
@@ -62,8 +64,8 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
                                  bh[org0.tree_h.order][:, :min(6, bh.shape[1])]), outs["fig4"])
     ent = store.read_store(entropy_store)
     k = min(entropy_samples, ent.sizes["sample"])
-    plots.save(plots.fig5_entropy_heatmaps(ent["head_entropy"].values[:k], [f"sample {s}" for s in range(k)]),
-               outs["fig5"])
+    plots.save(plots.fig5_entropy_heatmaps(ent["head_entropy"].values[:k], [f"sample {s}" for s in range(k)],
+                                           layers=ent["layer"].values, heads=ent["head"].values), outs["fig5"])
     vals = []
     k6 = min(trihaar_samples, len(decomposed_stores))
     for path in decomposed_stores[:k6]:

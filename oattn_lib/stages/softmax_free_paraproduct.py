@@ -28,17 +28,17 @@ def paraproduct_residuals(attention_stores: list, out, questionnaire2d_iters: in
         ds = store.read_store(path, require=("scores", "probs"), finite=("scores",))
         first = first or ds
         scores = ds["scores"]
-        n_layer, n_head = scores.sizes["layer"], scores.sizes["head"]
-        r = np.empty((n_layer, n_head, 2))
-        for layer in range(n_layer):
-            for head in range(n_head):
-                f = np.ascontiguousarray(scores.values[layer, head], dtype=np.float64)
+        layers, heads = scores["layer"].values, scores["head"].values  # the model's indices of the stored
+        r = np.empty((layers.size, heads.size, 2))
+        for i, layer in enumerate(layers):
+            for j, head in enumerate(heads):
+                f = np.ascontiguousarray(scores.sel(layer=layer, head=head).values, dtype=np.float64)
                 tr, tc = questionnaire2d(f.astype(np.float32), n_iters=questionnaire2d_iters)
                 # a causal head is compared with the model's own masked softmax (SPEC 5)
                 allowed = model_mask(ds, layer, head, f, None)
-                r[layer, head, 0] = paraproduct(f, row_order=tr.order, col_order=tc.order,
-                                                allowed=allowed).relative_residual
-                r[layer, head, 1] = paraproduct(f, allowed=allowed).relative_residual
+                r[i, j, 0] = paraproduct(f, row_order=tr.order, col_order=tc.order,
+                                         allowed=allowed).relative_residual
+                r[i, j, 1] = paraproduct(f, allowed=allowed).relative_residual
         rel.append(r)
         log.info("paraproduct residual, %s: organized median %.4f, unorganized median %.4f",
                  store.store_path(path).name, np.median(r[..., 0]), np.median(r[..., 1]))
@@ -47,8 +47,8 @@ def paraproduct_residuals(attention_stores: list, out, questionnaire2d_iters: in
     rel = np.stack(rel)
     dims = ("sample", "layer", "head")
     out_ds = xr.Dataset({"rel_residual": (dims, rel[..., 0]), "rel_residual_unorganized": (dims, rel[..., 1])},
-                        coords={"sample": np.arange(rel.shape[0]), "layer": np.arange(rel.shape[1]),
-                                "head": np.arange(rel.shape[2])},
+                        coords={"sample": np.arange(rel.shape[0]), "layer": first["layer"].values,
+                                "head": first["head"].values},
                         attrs={"model": first.attrs.get("model", ""),
                                **store.provenance_attrs(config_slice or {}, first.attrs.get("checkpoint_sha256"),
                                                         code=code, quantity="scores",

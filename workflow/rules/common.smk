@@ -13,6 +13,7 @@ from snakemake.settings.types import RerunTrigger
 
 from oattn_lib import softmax_free
 from oattn_lib.fingerprint import code_fingerprint
+from oattn_lib.models.files import is_gguf_model, resolve_hf
 
 R = config["results"]
 # the config's models: every rule, the tables, figures and summary
@@ -108,6 +109,37 @@ def model_data(wildcards):
     """A model's dataset: a softmax-free run reads its base model's."""
     name = ANALYSED[wildcards.model].get("softmax_free", {}).get("model", wildcards.model)
     return {"npz": f"{R}/{name}/data/dataset.npz", "meta": f"{R}/{name}/data/meta.json"}
+
+
+# -- GGUF models (prepare_model.smk) -------------------------------------------------------
+# an hf model stored as GGUF is dequantised once to a safetensors directory, which its
+# extract and prune jobs load (the directory is named by its two files)
+GGUF_MODELS = {n: m for n, m in MODELS.items() if is_gguf_model(m)}
+PREPARED = {
+    "prepared": f"{R}/{{model}}/model/config.json",
+    "prepared_weights": f"{R}/{{model}}/model/model.safetensors",
+}
+
+
+def prepared_model(wildcards):
+    """Inputs `prepared` and `prepared_weights` of a GGUF model's jobs ({} for other models)."""
+    if wildcards.model not in GGUF_MODELS:
+        return {}
+    return {k: v.format(model=wildcards.model) for k, v in PREPARED.items()}
+
+
+def gguf_source(wildcards):
+    """The local GGUF file prepare_model reads ([] for a hub id)."""
+    m = GGUF_MODELS[wildcards.model]
+    directory, name = resolve_hf(m["path"], m.get("gguf_file"))
+    path = os.path.join(directory, name)
+    return path if os.path.isfile(path) else []
+
+
+def prepare_mem_mb(wildcards, input, attempt):
+    # the GGUF file, the dequantised float32 weights (about 8 x a 4-bit file) and a copy
+    size_mb = os.path.getsize(input.gguf) / 1e6 if input.gguf else 1000
+    return int(2000 + 20 * size_mb) * attempt
 
 
 def checkpoint_input(wildcards):
@@ -248,7 +280,10 @@ def prune_model_params(wildcards):
     m = MODELS[wildcards.model]
     out = {"name": m["name"], "kind": m["kind"]}
     if m["kind"] == "hf":
-        out["path"] = m["path"]
+        # a GGUF model is loaded from the directory prepare_model wrote (input `prepared`)
+        out["path"] = (
+            os.path.dirname(PREPARED["prepared"].format(model=m["name"])) if m["name"] in GGUF_MODELS else m["path"]
+        )
     if m["kind"] == "vit":
         out["data"] = {"image_size": m["data"]["image_size"]}
     return out

@@ -5,6 +5,7 @@
 rule extract:
     input:
         unpack(model_data),
+        unpack(prepared_model),
         checkpoint=checkpoint_input,
     output:
         store=ATTENTION,

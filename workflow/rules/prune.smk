@@ -5,6 +5,7 @@
 
 rule prune:
     input:
+        unpack(prepared_model),
         npz=f"{R}/{{model}}/data/dataset.npz",
         meta=f"{R}/{{model}}/data/meta.json",
         checkpoint=checkpoint_input,
