@@ -481,10 +481,21 @@ def test_curve_at_zero_equals_the_unmasked_metric(kind):
                                rtol=1e-6)
 
 
+def _stage_files(d, haar):
+    """Write synthetic Haar entropies (sample, layer, head) to d/entropy.zarr; the prune stage's
+    output paths under d."""
+    from oattn_lib import store
+    coords = {name: np.arange(n) for name, n in zip(("sample", "layer", "head"), haar.shape)}
+    store.write_store(xr.Dataset({"head_entropy": (("sample", "layer", "head"), haar)}, coords=coords),
+                      d / "entropy.zarr")
+    return {k: d / f"{k}.{ext}" for k, ext in (("curves", "csv"), ("rankings", "csv"), ("finding", "rst"),
+                                               ("fig7", "png"), ("table3_csv", "csv"), ("table3_md", "md"),
+                                               ("table4_csv", "csv"), ("table4_md", "md"))}
+
+
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     """The prune stage on a tiny Transformer-XL: real extraction, synthetic Haar entropies."""
-    from oattn_lib import store
     from oattn_lib.stages.extract import extract
     d = tmp_path_factory.mktemp("prune")
     rng = np.random.default_rng(0)
@@ -500,12 +511,7 @@ def stage(tmp_path_factory):
         stores.append(d / f"sample{i}.zarr")
         extract("txl", cfg, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt", stores[-1], i,
                          device="cpu")
-    ent = xr.Dataset({"head_entropy": (("sample", "layer", "head"), rng.random((3, 2, 3)))},
-                     coords={"sample": np.arange(3), "layer": np.arange(2), "head": np.arange(3)})
-    store.write_store(ent, d / "entropy.zarr")
-    outs = {k: d / f"{k}.{ext}" for k, ext in (("curves", "csv"), ("rankings", "csv"), ("finding", "rst"),
-                                               ("fig7", "png"), ("table3_csv", "csv"), ("table3_md", "md"),
-                                               ("table4_csv", "csv"), ("table4_md", "md"))}
+    outs = _stage_files(d, rng.random((3, 2, 3)))
     prune_stage.prune("txl", {"name": "tiny", "kind": "txl"}, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt",
                       stores, d / "entropy.zarr", outs, device="cpu",
                       **prune_params(random_seeds=3, held_out={"txl_segments": 6}, batch_size=8))
@@ -562,7 +568,6 @@ def lm_stage(tmp_path_factory):
     """The prune stage on a tiny random causal Llama saved to disk (grouped key/value heads),
     loaded through `kind: hf` as a user's decoder: real extraction, synthetic Haar entropies."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    from oattn_lib import store
     from oattn_lib.data.stdlib import stdlib_corpus
     from oattn_lib.models.hf import minilm_path
     from oattn_lib.stages.extract import extract
@@ -585,13 +590,7 @@ def lm_stage(tmp_path_factory):
     stores = [d / f"sample{i}.zarr" for i in range(3)]
     for i, out in enumerate(stores):
         extract("hf", mcfg, None, d / "meta.json", None, out, i, device="cpu")
-    rng = np.random.default_rng(0)
-    ent = xr.Dataset({"head_entropy": (("sample", "layer", "head"), rng.random((3, 2, 4)))},
-                     coords={"sample": np.arange(3), "layer": np.arange(2), "head": np.arange(4)})
-    store.write_store(ent, d / "entropy.zarr")
-    outs = {k: d / f"{k}.{ext}" for k, ext in (("curves", "csv"), ("rankings", "csv"), ("finding", "rst"),
-                                               ("fig7", "png"), ("table3_csv", "csv"), ("table3_md", "md"),
-                                               ("table4_csv", "csv"), ("table4_md", "md"))}
+    outs = _stage_files(d, np.random.default_rng(0).random((3, 2, 4)))
     params = prune_params(random_seeds=2, held_out={"hf_windows": 5}, batch_size=8)
     prune_stage.prune("hf", mcfg, None, d / "meta.json", None, stores, d / "entropy.zarr", outs, device="cpu",
                       **params)
