@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ._arrays import all_finite, as_tensor, back
-from .sweep import Program, chunk_programs, empty, run_program, splits, whole_program
+from .sweep import Program, chunk_programs, empty, fetch_add, run_program, splits, whole_program
 from .trees import PartitionTree
 
 __all__ = ["pairwise_l1", "tree_features", "tree_emd", "TreeEMD", "emd_affinity"]
@@ -42,54 +42,54 @@ _STRIP = 1024
 
 # -- CPU kernel ---------------------------------------------------------------------------
 @numba.njit(cache=True)
-def _l1_plan(m, block, n_workers):  # pragma: no cover - compiled
-    """Row blocks of the upper triangle, and the block pairs each of `n_workers` threads owns."""
+def _l1_plan(m, block):  # pragma: no cover - compiled
+    """Row-block pairs of the upper triangle (row block, then column block) and their
+    cumulative cost (a diagonal pair costs about half an off-diagonal one)."""
     nb = (m + block - 1) // block
     n_pairs = nb * (nb + 1) // 2
     bi = np.empty(n_pairs, np.int64)
     bj = np.empty(n_pairs, np.int64)
+    cost = np.empty(n_pairs + 1, np.float64)
+    cost[0] = 0.0
     p = 0
     for a in range(nb):
         for b in range(a, nb):
             bi[p] = a
             bj[p] = b
+            cost[p + 1] = cost[p] + (0.5 if a == b else 1.0)
             p += 1
-    # greedy balance: a diagonal block pair costs about half an off-diagonal one
-    n_workers = max(1, min(n_workers, n_pairs))
-    load = np.zeros(n_workers, np.float64)
-    count = np.zeros(n_workers, np.int64)
-    owned = np.empty((n_workers, n_pairs), np.int64)
-    for p in range(n_pairs):
-        w = np.argmin(load)
-        owned[w, count[w]] = p
-        count[w] += 1
-        load[w] += 0.5 if bi[p] == bj[p] else 1.0
-    return bi, bj, owned, count
+    return bi, bj, cost
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def _l1_accumulate(F, d, block, strip, bi, bj, owned, count, acc):  # pragma: no cover - compiled
+def _l1_accumulate(F, d, block, strip, bi, bj, bounds, acc, counter):  # pragma: no cover - compiled
     """Add sum |F[i, :d] - F[j, :d]| of every row pair to the float64 tiles `acc`.
 
-    Rows are tiled in blocks; the upper-triangle block pairs are shared out among the
-    threads once (`_l1_plan`, balanced by cost), and each thread walks the feature axis
-    in strips of `strip` columns, doing all its pairs on a strip while it is in cache.
-    A single parallel region per call: threads never wait for each other between strips,
-    which matters on a busy machine. Within a strip the sums are float32 (short, so
-    accurate); they are added to float64 tiles across strips, which keeps the result
-    accurate for d in the hundreds of thousands.
+    Rows are tiled in blocks; a task is one strip of `strip` columns and one run of the
+    upper-triangle block pairs (`bounds`, of about equal cost), done while the strip is
+    in cache. Tasks go strip by strip to whichever thread is free (`fetch_add`), and
+    thread w adds into its own tiles acc[w] (summed by the caller): no thread waits for
+    a slow one, which matters on a busy machine. Within a strip the sums are float32
+    (short, so accurate); they are added to float64 tiles across strips, which keeps the
+    result accurate for d in the hundreds of thousands.
     """
     m = F.shape[0]
-    n_workers = count.size
+    n_workers = acc.shape[0]
+    n_runs = bounds.size - 1
+    n_tasks = ((d + strip - 1) // strip) * n_runs
     for w in numba.prange(n_workers):
-        for k0 in range(0, d, strip):
+        while True:
+            task = fetch_add(counter, 0)
+            if task >= n_tasks:
+                break
+            k0 = (task // n_runs) * strip
             k1 = min(k0 + strip, d)
-            for q in range(count[w]):
-                p = owned[w, q]
+            run = task % n_runs
+            for p in range(bounds[run], bounds[run + 1]):
                 i_base = bi[p] * block
                 j_base = bj[p] * block
                 diag = bi[p] == bj[p]
-                tile = acc[p]
+                tile = acc[w, p]
                 # micro-kernel: 4 rows of block I against 2 rows of block J per pass over the
                 # strip (6 loads for 8 pairs); rows past m are clamped to m - 1 (computed,
                 # never written back), which keeps the inner loop free of branches
@@ -139,10 +139,9 @@ def _l1_accumulate(F, d, block, strip, bi, bj, owned, count, acc):  # pragma: no
 
 @numba.njit(cache=True)
 def _l1_finish(acc, bi, bj, m, block):  # pragma: no cover - compiled
-    """The symmetric (m, m) distance matrix from the tiles."""
+    """The symmetric (m, m) distance matrix from the tiles of all threads."""
     out = np.zeros((m, m), np.float64)
-    n_pairs = bi.size
-    for p in range(n_pairs):
+    for p in range(bi.size):
         i_base = bi[p] * block
         j_base = bj[p] * block
         for ii in range(min(block, m - i_base)):
@@ -150,9 +149,17 @@ def _l1_finish(acc, bi, bj, m, block):  # pragma: no cover - compiled
                 i = i_base + ii
                 j = j_base + jj
                 if i < j:
-                    out[i, j] = acc[p, ii, jj]
-                    out[j, i] = acc[p, ii, jj]
+                    v = 0.0
+                    for w in range(acc.shape[0]):
+                        v += acc[w, p, ii, jj]
+                    out[i, j] = v
+                    out[j, i] = v
     return out
+
+
+# Tasks per thread and strip that `_L1Sum` aims for (runs of block pairs): enough that the
+# last task of a call is short, few enough that each has thousands of pairs' work.
+_TASKS_PER_THREAD = 4
 
 
 class _L1Sum:
@@ -162,8 +169,9 @@ class _L1Sum:
         self.m, self.device = m, torch.device(device)
         self.strip = strip or _STRIP
         if self.device.type == "cpu":
-            self.plan = _l1_plan(m, _BLOCK, numba.get_num_threads())
-            self.acc = np.zeros((self.plan[0].size, _BLOCK, _BLOCK), np.float64)
+            n_workers = numba.get_num_threads()
+            self.bi, self.bj, self.cost = _l1_plan(m, _BLOCK)
+            self.acc = np.zeros((n_workers, self.bi.size, _BLOCK, _BLOCK), np.float64)
         else:
             self.out = torch.zeros((m, m), dtype=torch.float64, device=self.device)
 
@@ -172,14 +180,19 @@ class _L1Sum:
         d = F.shape[1] if d is None else d
         if self.device.type == "cpu":
             Fn = np.ascontiguousarray(F.detach().numpy() if isinstance(F, torch.Tensor) else F, dtype=np.float32)
-            _l1_accumulate(Fn, d, _BLOCK, max(1, min(self.strip, d)), *self.plan, self.acc)
+            strip = max(1, min(self.strip, d))
+            n_strips = -(-d // strip)
+            n_runs = min(self.bi.size, -(-_TASKS_PER_THREAD * self.acc.shape[0] // n_strips))
+            # runs of block pairs of about equal cost
+            bounds = np.searchsorted(self.cost, np.linspace(0, self.cost[-1], n_runs + 1)[1:-1])
+            bounds = np.unique(np.r_[0, bounds, self.bi.size]).astype(np.int64)
+            _l1_accumulate(Fn, d, _BLOCK, strip, self.bi, self.bj, bounds, self.acc, np.zeros(1, np.int64))
         else:
             self.out += _pairwise_l1_torch(F[:, :d])
 
     def result(self) -> torch.Tensor:
         if self.device.type == "cpu":
-            bi, bj, _, _ = self.plan
-            return torch.from_numpy(_l1_finish(self.acc, bi, bj, self.m, _BLOCK))
+            return torch.from_numpy(_l1_finish(self.acc, self.bi, self.bj, self.m, _BLOCK))
         return self.out
 
 

@@ -24,10 +24,14 @@ from functools import lru_cache
 import numba
 import numpy as np
 import torch
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .trees import PartitionTree
 
-__all__ = ["Splits", "Program", "splits", "chunk_programs", "whole_program", "run_program", "haar_sweep"]
+__all__ = ["Splits", "Program", "splits", "chunk_programs", "whole_program", "run_program", "haar_sweep",
+           "fetch_add"]
 
 # Fewest columns per kernel task (see _width).
 _WIDTH = 64
@@ -250,6 +254,24 @@ def chunk_programs(sp: Splits, emit_nodes, weight, max_items: int) -> tuple[list
 
 
 # -- kernels ------------------------------------------------------------------------------
+@intrinsic
+def fetch_add(typingctx, counter, index):  # pragma: no cover - compiled
+    """In numba code: atomically counter[index] += 1, returning the old value.
+
+    `counter` is an int64 array. The kernels hand out their tasks with it, one at a time
+    to whichever thread is free: on a shared machine a thread can be descheduled for a
+    while, and with a fixed share per thread every other one would wait for it.
+    """
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+        return builder.atomic_rmw("add", ptr, context.get_constant(types.int64, 1), "monotonic")
+    return types.int64(counter, index), codegen
+
+
 @numba.njit(inline="always")
 def _task(task, n_b, r, width):  # pragma: no cover - compiled
     """Block of columns of task `task`: (first b, number of b, first column, columns per b)."""
