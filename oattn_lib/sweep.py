@@ -35,6 +35,8 @@ __all__ = ["Splits", "Program", "splits", "chunk_programs", "whole_program", "ru
 
 # Fewest columns per kernel task (see _width).
 _WIDTH = 64
+# Vectors per task when the vectors lie along the contiguous axis.
+_GROUP = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -325,29 +327,37 @@ def _store(s, nodes, weight, b0, nb, j0, jw, out):  # pragma: no cover - compile
 def _means_kernel(src, bmap, load, left, right, wl, wr, emit, weight, out, transposed,
                   n_tasks, width, n_workers):  # pragma: no cover - compiled
     """Program means of the vectors src[bmap[b], load[:], j] into out[b, :, j] (or, if
-    `transposed`, out[j, b, :]): a gather and a transpose for free, on the way."""
+    `transposed`, out[j, b, :]): a gather and a transpose for free, on the way. Tasks
+    (blocks of columns, or of vectors) go to whichever thread is free (`fetch_add`)."""
     n_b, r = bmap.size, src.shape[2]
     n_load, n_split, n_emit = load.size, left.size, emit.size
+    counter = np.zeros(1, np.int64)
     if r == 1:  # vectors along the contiguous axis: one at a time, in L1 (twice as fast)
-        n_workers = max(1, min(n_workers, n_b))
-        for worker in numba.prange(n_workers):
+        n_groups = (n_b + _GROUP - 1) // _GROUP
+        for worker in numba.prange(max(1, min(n_workers, n_groups))):
             v = np.empty(n_load + n_split, dtype=src.dtype)
-            for b in range(worker, n_b, n_workers):
-                sb = bmap[b]
-                for i in range(n_load):
-                    v[i] = src[sb, load[i], 0]
-                for k in range(n_split):
-                    v[n_load + k] = wl[k] * v[left[k]] + wr[k] * v[right[k]]
-                for e in range(n_emit):
-                    if transposed:
-                        out[0, b, e] = weight[e] * v[emit[e]]
-                    else:
-                        out[b, e, 0] = weight[e] * v[emit[e]]
+            while True:
+                grp = fetch_add(counter, 0)
+                if grp >= n_groups:
+                    break
+                for b in range(grp * _GROUP, min(n_b, (grp + 1) * _GROUP)):
+                    sb = bmap[b]
+                    for i in range(n_load):
+                        v[i] = src[sb, load[i], 0]
+                    for k in range(n_split):
+                        v[n_load + k] = wl[k] * v[left[k]] + wr[k] * v[right[k]]
+                    for e in range(n_emit):
+                        if transposed:
+                            out[0, b, e] = weight[e] * v[emit[e]]
+                        else:
+                            out[b, e, 0] = weight[e] * v[emit[e]]
         return
-    n_workers = max(1, min(n_workers, n_tasks))
-    for worker in numba.prange(n_workers):  # one scratch per thread, tasks dealt in turn
+    for worker in numba.prange(max(1, min(n_workers, n_tasks))):  # one scratch per thread
         s = np.empty((n_load + n_split, width), dtype=src.dtype)
-        for task in range(worker, n_tasks, n_workers):
+        while True:
+            task = fetch_add(counter, 0)
+            if task >= n_tasks:
+                break
             b0, nb, j0, jw = _task(task, n_b, r, width)
             w = nb * jw
             for bb in range(nb):
@@ -372,29 +382,37 @@ def _means_kernel(src, bmap, load, left, right, wl, wr, emit, weight, out, trans
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
 def _haar_up(src, out, left, right, wl, wr, g, column, root, n_tasks, width, n_workers):  # pragma: no cover
-    """Forward Haar sweep along axis 1; `out` may be `src` (each block is read first)."""
+    """Forward Haar sweep along axis 1; `out` may be `src` (each block is read first).
+    Tasks go to whichever thread is free (`fetch_add`)."""
     n_b, n, r = src.shape
     rows = np.arange(n)
     ones = np.ones(n, dtype=src.dtype)
     sqrt_n = math.sqrt(n)
+    counter = np.zeros(1, np.int64)
     if r == 1:  # vectors along the contiguous axis: one at a time, in L1
-        n_workers = max(1, min(n_workers, n_b))
-        for worker in numba.prange(n_workers):
+        n_groups = (n_b + _GROUP - 1) // _GROUP
+        for worker in numba.prange(max(1, min(n_workers, n_groups))):
             v = np.empty(2 * n - 1, dtype=src.dtype)
-            for b in range(worker, n_b, n_workers):
-                for i in range(n):
-                    v[i] = src[b, i, 0]
-                for k in range(n - 1):
-                    x, y = v[left[k]], v[right[k]]
-                    v[n + k] = wl[k] * x + wr[k] * y
-                    out[b, column[k], 0] = g[k] * (x - y)
-                out[b, 0, 0] = sqrt_n * v[root]
+            while True:
+                grp = fetch_add(counter, 0)
+                if grp >= n_groups:
+                    break
+                for b in range(grp * _GROUP, min(n_b, (grp + 1) * _GROUP)):
+                    for i in range(n):
+                        v[i] = src[b, i, 0]
+                    for k in range(n - 1):
+                        x, y = v[left[k]], v[right[k]]
+                        v[n + k] = wl[k] * x + wr[k] * y
+                        out[b, column[k], 0] = g[k] * (x - y)
+                    out[b, 0, 0] = sqrt_n * v[root]
         return
-    n_workers = max(1, min(n_workers, n_tasks))
-    for worker in numba.prange(n_workers):
+    for worker in numba.prange(max(1, min(n_workers, n_tasks))):
         s = np.empty((2 * n - 1, width), dtype=src.dtype)
         c = np.empty((n, width), dtype=src.dtype)
-        for task in range(worker, n_tasks, n_workers):
+        while True:
+            task = fetch_add(counter, 0)
+            if task >= n_tasks:
+                break
             b0, nb, j0, jw = _task(task, n_b, r, width)
             w = nb * jw
             _load(src, rows, b0, nb, j0, jw, s)
