@@ -72,6 +72,25 @@ def test_pairwise_l1_strips_accumulate(m, d, strip):
     np.testing.assert_allclose(emd._pairwise_l1_numba(F, strip=strip), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pairwise_l1_tasks_cover_every_pair_once(threads):
+    """Many strips and runs of block pairs, handed out to the threads as they come; a sum
+    added twice or skipped would show. Added in two column blocks, as the tree EMD does."""
+    import numba
+    F = np.random.default_rng(5).standard_normal((150, 3000)).astype(np.float32)
+    want = cdist(F.astype(np.float64), F.astype(np.float64), "cityblock")
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        total = emd._L1Sum(F.shape[0], "cpu", strip=64)
+        total.add(np.ascontiguousarray(F[:, :1234]))
+        total.add(np.ascontiguousarray(F[:, 1234:]), 3000 - 1234)
+        got = total.result().numpy()
+    finally:
+        numba.set_num_threads(old)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_pairwise_l1_accurate_for_long_features():
     F = np.random.default_rng(0).random((3, 300_001)).astype(np.float32)
     F[1] += 1e-3
