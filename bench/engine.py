@@ -88,6 +88,52 @@ class Steps:
         return result
 
 
+class Phases:
+    """Wall and CPU time of the questionnaire's phases, by timing the engine functions it
+    calls (wrapped here, in the benchmark's own process): the initial cosine affinities,
+    the feature sweeps of the tree EMD, its L1 kernel (with the number of |a - b| terms
+    it sums), the flexible trees, the EMD affinities."""
+
+    def __init__(self):
+        self.out = {}
+
+    def _wrap(self, owner, attr, phase, count=None):
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                o = self.out.setdefault(phase, {"s": 0.0, "cpu_s": 0.0, "calls": 0})
+                o["s"] += time.perf_counter() - t
+                o["cpu_s"] += time.process_time() - c
+                o["calls"] += 1
+                if count:
+                    o["abs_diffs"] = o.get("abs_diffs", 0) + count(*args, **kwargs)
+        setattr(owner, attr, timed)
+
+    def install(self):
+        from oattn_lib import emd, questionnaire
+
+        def l1_terms(total, F, d=None):
+            return total.m * (total.m - 1) // 2 * (F.shape[1] if d is None else d)
+        self._wrap(questionnaire, "_cosine", "cosine")
+        self._wrap(emd, "run_program", "emd_feature_sweeps")
+        self._wrap(emd, "_copy", "emd_feature_sweeps")
+        self._wrap(emd._L1Sum, "add", "emd_l1_kernel", count=l1_terms)
+        self._wrap(emd._L1Sum, "result", "emd_l1_kernel")
+        self._wrap(questionnaire, "flexible_tree", "flexible_trees")
+        self._wrap(questionnaire, "emd_affinity", "emd_affinities")
+
+    def report(self) -> dict:
+        out = {k: {**v, "s": round(v["s"], 2), "cpu_s": round(v["cpu_s"], 2)} for k, v in self.out.items()}
+        l1 = out.get("emd_l1_kernel")
+        if l1 and l1["cpu_s"] > 0:
+            l1["abs_diffs_per_cpu_s"] = float(f"{l1['abs_diffs'] / l1['cpu_s']:.3g}")
+        return out
+
+
 def run_one(name: str, iters: int) -> dict:
     import torch
 
@@ -103,8 +149,10 @@ def run_one(name: str, iters: int) -> dict:
     load = os.getloadavg()
     x = torch.from_numpy(planted(shape))
     pairwise_l1(np.random.default_rng(0).random((8, 64), dtype=np.float32))  # numba compile/cache load
-    steps = Steps()
+    steps, phases = Steps(), Phases()
+    phases.install()
     org = steps.run("questionnaire", questionnaire3d, x, n_iters=iters)
+    print(f"  questionnaire phases: {phases.report()}", file=sys.stderr, flush=True)
     (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
     c2 = steps.run("bihaar", bihaar, x, org.tree_q, org.tree_k)
 
@@ -125,11 +173,14 @@ def run_one(name: str, iters: int) -> dict:
     st = steps.out
     st["entropies"] = {"s": round(st["entropies_head"]["s"] + st["entropies_network"]["s"], 3),
                        "peak_rss_mb": max(st["entropies_head"]["peak_rss_mb"], st["entropies_network"]["peak_rss_mb"])}
+    st["entropies"]["cpu_s"] = round(st["entropies_head"]["cpu_s"] + st["entropies_network"]["cpu_s"], 2)
     target = {"s": round(sum(st[k]["s"] for k in TARGET_STEPS), 2),
+              "cpu_s": round(sum(st[k]["cpu_s"] for k in TARGET_STEPS), 2),
               "peak_rss_mb": max(st[k]["peak_rss_mb"] for k in TARGET_STEPS)}
     import oattn_lib
     return {"shape": list(shape), "engine": os.path.dirname(oattn_lib.__file__), "loadavg_start": [round(v, 2) for v in load],
             "loadavg_end": [round(v, 2) for v in os.getloadavg()], "steps": st,
+            "questionnaire_phases": phases.report(),
             "organize_decompose_entropy": target,
             "process_peak_rss_mb": max(v["peak_rss_mb"] for v in st.values()),
             "tree_levels": [org.tree_q.n_levels, org.tree_k.n_levels, org.tree_h.n_levels],
@@ -140,16 +191,42 @@ def run_one(name: str, iters: int) -> dict:
 
 
 def growth(results: dict) -> dict:
-    """Exponent p of time ~ tokens^p for each step, between consecutive sizes of a series."""
+    """Exponent p of time ~ tokens^p between consecutive sizes of a series, of the wall
+    and the CPU time (steadier on a shared machine) of each step, questionnaire phase and
+    of organize + decompose + entropy."""
+    def exponent(a, b, t0, t1):
+        return round(math.log(b / a) / math.log(t1 / t0), 2) if a > 0 and b > 0 else None
+
     out = {}
     for series in SERIES:
         done = [(n, t) for n, t in series if "steps" in results.get(n, {})]
         for (n0, t0), (n1, t1) in zip(done, done[1:]):
-            s0, s1 = results[n0]["steps"], results[n1]["steps"]
-            out[f"{n0}->{n1}"] = {k: round(math.log(s1[k]["s"] / s0[k]["s"]) / math.log(t1 / t0), 2)
-                                  for k in (*TARGET_STEPS, "paraproduct_one_head")
-                                  if s0[k]["s"] > 0 and s1[k]["s"] > 0}
+            r0, r1 = results[n0], results[n1]
+            rows = {"organize_decompose_entropy": (r0["organize_decompose_entropy"], r1["organize_decompose_entropy"])}
+            rows.update({k: (r0["steps"][k], r1["steps"][k]) for k in (*TARGET_STEPS, "paraproduct_one_head")})
+            rows.update({k: (v, r1["questionnaire_phases"][k]) for k, v in r0["questionnaire_phases"].items()
+                         if k in r1["questionnaire_phases"]})
+            out[f"{n0}->{n1}"] = {k: {"s": exponent(a["s"], b["s"], t0, t1),
+                                      "cpu_s": exponent(a.get("cpu_s", 0), b.get("cpu_s", 0), t0, t1)}
+                                  for k, (a, b) in rows.items()}
     return out
+
+
+def table(results: dict) -> str:
+    """The numbers a reader wants, one line per size and step: wall s, CPU s, peak RSS MiB."""
+    lines = []
+    for name, r in results.items():
+        if not isinstance(r, dict) or "steps" not in r:
+            continue
+        lines.append(f"{name} {tuple(r['shape'])}  load {r['loadavg_start'][0]} -> {r['loadavg_end'][0]}")
+        rows = {"organize+decompose+entropy": r["organize_decompose_entropy"],
+                **{k: r["steps"][k] for k in TARGET_STEPS},
+                **{f"  q: {k}": v for k, v in r["questionnaire_phases"].items()}}
+        for k, v in rows.items():
+            extra = f"  {v['abs_diffs']:.3g} |a-b| at {v['abs_diffs_per_cpu_s']:.3g}/cpu-s" if "abs_diffs" in v else ""
+            peak = f"{v['peak_rss_mb']:>7} MiB" if "peak_rss_mb" in v else " " * 11
+            lines.append(f"  {k:30s} {v['s']:9.2f} s {v.get('cpu_s', float('nan')):9.2f} cpu-s {peak}{extra}")
+    return "\n".join(lines)
 
 
 def main():
@@ -174,6 +251,10 @@ def main():
         print(f"{name}: {json.dumps(results[name].get('organize_decompose_entropy', results[name]))}",
               file=sys.stderr, flush=True)
     results["growth_exponent"] = growth(results)
+    print(table(results), file=sys.stderr)
+    for pair, g in results["growth_exponent"].items():
+        print(f"growth exponent {pair}: " + ", ".join(f"{k} {v['s']} (cpu {v['cpu_s']})" for k, v in g.items()),
+              file=sys.stderr)
     print(json.dumps(results, indent=2))
 
 

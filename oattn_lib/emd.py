@@ -168,7 +168,8 @@ class _L1Sum:
     def __init__(self, m: int, device, strip: int | None = None):
         self.m, self.device = m, torch.device(device)
         self.strip = strip or _STRIP
-        if self.device.type == "cpu":
+        self.numba = self.device.type == "cpu"
+        if self.numba:
             n_workers = numba.get_num_threads()
             self.bi, self.bj, self.cost = _l1_plan(m, _BLOCK)
             self.acc = np.zeros((n_workers, self.bi.size, _BLOCK, _BLOCK), np.float64)
@@ -178,7 +179,7 @@ class _L1Sum:
     def add(self, F: torch.Tensor, d: int | None = None) -> None:
         """Add the distances over the columns F[:, :d] (F contiguous; not copied)."""
         d = F.shape[1] if d is None else d
-        if self.device.type == "cpu":
+        if self.numba:
             Fn = np.ascontiguousarray(F.detach().numpy() if isinstance(F, torch.Tensor) else F, dtype=np.float32)
             strip = max(1, min(self.strip, d))
             n_strips = -(-d // strip)
@@ -191,7 +192,7 @@ class _L1Sum:
             self.out += _pairwise_l1_torch(F[:, :d])
 
     def result(self) -> torch.Tensor:
-        if self.device.type == "cpu":
+        if self.numba:
             return torch.from_numpy(_l1_finish(self.acc, self.bi, self.bj, self.m, _BLOCK))
         return self.out
 
