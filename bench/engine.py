@@ -9,12 +9,17 @@ Sizes: the paper's 256x256x128 (Transformer-XL) and 197x197x144 (ViT, uncropped)
 and 512 per axis, and one SmolLM2-135M sample (30 layers x 9 heads = 270 heads) at 1024
 and 2048 tokens. Each size runs in a fresh process; for each step it prints the wall time
 and the peak RSS during that step (VmHWM, reset before the step), the step's own CPU time,
-and at the end the growth exponent of each step between consecutive sizes of a series
-(time ~ tokens^p). Usage:
+and the questionnaire's phases (cosine affinities, tree-EMD feature sweeps, the L1 kernel
+with the number of |a - b| terms it summed and its rate, flexible trees, EMD
+affinities); at the end a table and the growth exponent of the wall and CPU time of each
+step and phase between consecutive sizes of a series (time ~ tokens^p). Usage:
 
     python bench/engine.py [--sizes 64,128,vit,txl,512,1024,2048] [--iters 3]
 
-On a shared machine, read the load average printed with each size. Set
+On a shared machine, read the load average printed with each size, and the CPU times:
+with both cores free the wall time of the multi-threaded phases is about half their CPU
+time, and the L1 kernel's rate (|a - b| terms per CPU second) says whether it ran at the
+speed of its arithmetic. Set
 OMP_WAIT_POLICY=PASSIVE (the default here, read when torch is imported) so torch's idle
 OpenMP threads do not spin while numba's work.
 """
