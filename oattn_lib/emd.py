@@ -5,11 +5,17 @@ given partition trees on the two axes that are not compared, a slice is describe
 weighted means of its entries over every pair of folders (a coarse-to-fine summary of the
 slice), and the distance between two slices is the L1 distance between these summaries.
 
-`pairwise_l1` is the hot spot of the questionnaire: on CPU it is a cache-blocked numba
-kernel over the upper triangle, on other devices chunked `torch.cdist`. On a small busy
-machine, run with OMP_WAIT_POLICY=PASSIVE in the environment (read when torch is
-imported): otherwise torch's idle OpenMP threads spin while the numba threads work, and
-the kernel can be several times slower.
+The summaries are built by sweeps through the trees (`sweep`: each folder mean from the
+means of its two parts, O(n) per vector) a chunk of subtrees at a time, and each block
+of features is added into the L1 distances and dropped (`TreeEMD`): memory stays at
+about X plus a few blocks, and no dense folder-membership product is formed.
+
+The L1 between the feature rows is the hot spot of the questionnaire (about 70% of its
+time at 1024 x 1024 x 270): on CPU a cache-blocked numba kernel over the upper triangle,
+on other devices chunked `torch.cdist`. On a small busy machine, run with
+OMP_WAIT_POLICY=PASSIVE in the environment (read when torch is imported): otherwise
+torch's idle OpenMP threads spin while the numba threads work, and the kernel can be
+several times slower.
 """
 from __future__ import annotations
 
@@ -19,62 +25,71 @@ import numba
 import numpy as np
 import torch
 
-from ._arrays import as_tensor, back
+from ._arrays import all_finite, as_tensor, back
+from .sweep import Program, chunk_programs, empty, fetch_add, run_program, splits, whole_program
 from .trees import PartitionTree
 
-__all__ = ["pairwise_l1", "tree_emd", "emd_affinity"]
+__all__ = ["pairwise_l1", "tree_features", "tree_emd", "TreeEMD", "emd_affinity"]
 
 # Rows are tiled in blocks of _BLOCK (a multiple of 4: the micro-kernel takes 4 x 2 rows).
 _BLOCK = 16
-# Bytes of one feature strip (all m rows) that should stay in a core's L2 cache while
-# every block pair is processed on it.
-_STRIP_BYTES = 1 << 20
+# Columns of one feature strip, on which a thread does all its block pairs while the
+# strip is in cache. Long enough that the per-strip reductions of the micro-kernel cost
+# little (~5%); measured best at 1024 for m = 270..2048 (2.3e10 abs-diffs per core-second
+# here, against 1.9e10 with 256).
+_STRIP = 1024
 
 
 # -- CPU kernel ---------------------------------------------------------------------------
-@numba.njit(parallel=True, fastmath=True, cache=True)
-def _l1_upper_blocks(F, block, strip, n_workers):  # pragma: no cover - compiled
-    """Sum of |F[i] - F[j]| over all row pairs, as a symmetric float64 (m, m) matrix.
-
-    Rows are tiled in blocks; the upper-triangle block pairs are shared out among
-    `n_workers` threads once (balanced by cost), and each thread walks the feature axis
-    in strips of `strip` columns, doing all its pairs on a strip while it is in cache.
-    A single parallel region per call: threads never wait for each other between strips,
-    which matters on a busy machine. Within a strip the sums are float32 (short, so
-    accurate); they are added to float64 tiles across strips, which keeps the result
-    accurate for d in the hundreds of thousands.
-    """
-    m, d = F.shape
+@numba.njit(cache=True)
+def _l1_plan(m, block):  # pragma: no cover - compiled
+    """Row-block pairs of the upper triangle (row block, then column block) and their
+    cumulative cost (a diagonal pair costs about half an off-diagonal one)."""
     nb = (m + block - 1) // block
     n_pairs = nb * (nb + 1) // 2
     bi = np.empty(n_pairs, np.int64)
     bj = np.empty(n_pairs, np.int64)
+    cost = np.empty(n_pairs + 1, np.float64)
+    cost[0] = 0.0
     p = 0
     for a in range(nb):
         for b in range(a, nb):
             bi[p] = a
             bj[p] = b
+            cost[p + 1] = cost[p] + (0.5 if a == b else 1.0)
             p += 1
-    # greedy balance: a diagonal block pair costs about half an off-diagonal one
-    n_workers = max(1, min(n_workers, n_pairs))
-    load = np.zeros(n_workers, np.float64)
-    count = np.zeros(n_workers, np.int64)
-    owned = np.empty((n_workers, n_pairs), np.int64)
-    for p in range(n_pairs):
-        w = np.argmin(load)
-        owned[w, count[w]] = p
-        count[w] += 1
-        load[w] += 0.5 if bi[p] == bj[p] else 1.0
-    acc = np.zeros((n_pairs, block, block), np.float64)
+    return bi, bj, cost
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _l1_accumulate(F, d, block, strip, bi, bj, bounds, acc, counter):  # pragma: no cover - compiled
+    """Add sum |F[i, :d] - F[j, :d]| of every row pair to the float64 tiles `acc`.
+
+    Rows are tiled in blocks; a task is one strip of `strip` columns and one run of the
+    upper-triangle block pairs (`bounds`, of about equal cost), done while the strip is
+    in cache. Tasks go strip by strip to whichever thread is free (`fetch_add`), and
+    thread w adds into its own tiles acc[w] (summed by the caller): no thread waits for
+    a slow one, which matters on a busy machine. Within a strip the sums are float32
+    (short, so accurate); they are added to float64 tiles across strips, which keeps the
+    result accurate for d in the hundreds of thousands.
+    """
+    m = F.shape[0]
+    n_workers = acc.shape[0]
+    n_runs = bounds.size - 1
+    n_tasks = ((d + strip - 1) // strip) * n_runs
     for w in numba.prange(n_workers):
-        for k0 in range(0, d, strip):
+        while True:
+            task = fetch_add(counter, 0)
+            if task >= n_tasks:
+                break
+            k0 = (task // n_runs) * strip
             k1 = min(k0 + strip, d)
-            for q in range(count[w]):
-                p = owned[w, q]
+            run = task % n_runs
+            for p in range(bounds[run], bounds[run + 1]):
                 i_base = bi[p] * block
                 j_base = bj[p] * block
                 diag = bi[p] == bj[p]
-                tile = acc[p]
+                tile = acc[w, p]
                 # micro-kernel: 4 rows of block I against 2 rows of block J per pass over the
                 # strip (6 loads for 8 pairs); rows past m are clamped to m - 1 (computed,
                 # never written back), which keeps the inner loop free of branches
@@ -120,8 +135,13 @@ def _l1_upper_blocks(F, block, strip, n_workers):  # pragma: no cover - compiled
                         tile[ii + 2, jj + 1] += s21
                         tile[ii + 3, jj] += s30
                         tile[ii + 3, jj + 1] += s31
+
+
+@numba.njit(cache=True)
+def _l1_finish(acc, bi, bj, m, block):  # pragma: no cover - compiled
+    """The symmetric (m, m) distance matrix from the tiles of all threads."""
     out = np.zeros((m, m), np.float64)
-    for p in range(n_pairs):
+    for p in range(bi.size):
         i_base = bi[p] * block
         j_base = bj[p] * block
         for ii in range(min(block, m - i_base)):
@@ -129,18 +149,59 @@ def _l1_upper_blocks(F, block, strip, n_workers):  # pragma: no cover - compiled
                 i = i_base + ii
                 j = j_base + jj
                 if i < j:
-                    out[i, j] = acc[p, ii, jj]
-                    out[j, i] = acc[p, ii, jj]
+                    v = 0.0
+                    for w in range(acc.shape[0]):
+                        v += acc[w, p, ii, jj]
+                    out[i, j] = v
+                    out[j, i] = v
     return out
 
 
+# Tasks per thread and strip that `_L1Sum` aims for (runs of block pairs): enough that the
+# last task of a call is short, few enough that each has thousands of pairs' work.
+_TASKS_PER_THREAD = 4
+
+
+class _L1Sum:
+    """Pairwise L1 distances between m rows, summed over blocks of their columns."""
+
+    def __init__(self, m: int, device, strip: int | None = None):
+        self.m, self.device = m, torch.device(device)
+        self.strip = strip or _STRIP
+        self.numba = self.device.type == "cpu"
+        if self.numba:
+            n_workers = numba.get_num_threads()
+            self.bi, self.bj, self.cost = _l1_plan(m, _BLOCK)
+            self.acc = np.zeros((n_workers, self.bi.size, _BLOCK, _BLOCK), np.float64)
+        else:
+            self.out = torch.zeros((m, m), dtype=torch.float64, device=self.device)
+
+    def add(self, F: torch.Tensor, d: int | None = None) -> None:
+        """Add the distances over the columns F[:, :d] (F contiguous; not copied)."""
+        d = F.shape[1] if d is None else d
+        if self.numba:
+            Fn = np.ascontiguousarray(F.detach().numpy() if isinstance(F, torch.Tensor) else F, dtype=np.float32)
+            strip = max(1, min(self.strip, d))
+            n_strips = -(-d // strip)
+            n_runs = min(self.bi.size, -(-_TASKS_PER_THREAD * self.acc.shape[0] // n_strips))
+            # runs of block pairs of about equal cost
+            bounds = np.searchsorted(self.cost, np.linspace(0, self.cost[-1], n_runs + 1)[1:-1])
+            bounds = np.unique(np.r_[0, bounds, self.bi.size]).astype(np.int64)
+            _l1_accumulate(Fn, d, _BLOCK, strip, self.bi, self.bj, bounds, self.acc, np.zeros(1, np.int64))
+        else:
+            self.out += _pairwise_l1_torch(F[:, :d])
+
+    def result(self) -> torch.Tensor:
+        if self.numba:
+            return torch.from_numpy(_l1_finish(self.acc, self.bi, self.bj, self.m, _BLOCK))
+        return self.out
+
+
 def _pairwise_l1_numba(F: np.ndarray, strip: int | None = None) -> np.ndarray:
-    F = np.ascontiguousarray(F, dtype=np.float32)
-    m, d = F.shape
-    if strip is None:
-        # all m rows of a strip fit in _STRIP_BYTES; a multiple of 64 floats
-        strip = max(256, (_STRIP_BYTES // (4 * m)) // 64 * 64)
-    return _l1_upper_blocks(F, _BLOCK, min(strip, d), numba.get_num_threads())
+    """The CPU kernel on all of F."""
+    total = _L1Sum(F.shape[0], "cpu", strip)
+    total.add(F)
+    return total.result().numpy()
 
 
 # -- device kernel ------------------------------------------------------------------------
@@ -172,25 +233,120 @@ def pairwise_l1(F):
 
 
 def _pairwise_l1(t: torch.Tensor) -> torch.Tensor:
-    if t.device.type == "cpu":
-        return torch.from_numpy(_pairwise_l1_numba(t.detach().contiguous().numpy()))
-    return _pairwise_l1_torch(t)
+    total = _L1Sum(t.shape[0], t.device)
+    total.add(t.contiguous())
+    return total.result()
 
 
 def _check_finite(t: torch.Tensor, name: str) -> None:
-    # numpy's check is several times faster than torch's on CPU, and F can be ~100 MB
-    ok = np.isfinite(t.detach().numpy()).all() if t.device.type == "cpu" else torch.isfinite(t).all()
-    if not bool(ok):
+    if not all_finite(t):
         raise ValueError(f"{name}: contains NaN or inf")
 
 
 # -- tree EMD -----------------------------------------------------------------------------
-def _weighted_means(tree: PartitionTree, alpha: float, beta: float, device) -> torch.Tensor:
-    """Row-normalised membership of the distinct folders, each row scaled by its weight."""
-    mem, _, _ = tree.folders
-    m = mem.astype(np.float64)
-    m *= (tree.folder_weights(alpha, beta) / m.sum(1))[:, None]
-    return torch.from_numpy(m.astype(np.float32)).to(device)
+# Bytes of one block of features: the blocks are built, used and dropped one at a time.
+_BLOCK_BYTES = 64 << 20
+
+
+class TreeEMD:
+    """Tree EMDs between the slices of one (query, key, head) tensor, over any trees (SPEC 3.1).
+
+    X is checked once; the buffers of the feature blocks are kept from call to call (on
+    this machine fresh memory costs more than the sweeps that fill it), so the
+    questionnaire, which asks for nine EMDs of one tensor, builds one of these.
+    """
+
+    def __init__(self, X, check_finite: bool = True):
+        t, _ = as_tensor(X, "X", ndim=3, finite=False)
+        if check_finite:
+            _check_finite(t, "X")
+        self.X = t.contiguous()
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def __call__(self, axis: int, trees, alpha=0.0, beta=1.0) -> torch.Tensor:
+        """The (n_slices, n_slices) float64 distance matrix, as torch; see `tree_emd`."""
+        axis, trees, al, be = self._check(axis, trees, alpha, beta)
+        total = _L1Sum(self.X.shape[axis], self.X.device)
+        for block, d in self.blocks(axis, trees, al, be, _BLOCK_BYTES):
+            total.add(block, d)
+        return total.result()
+
+    def _check(self, axis, trees, alpha, beta):
+        axis = _check_axis(axis)
+        return axis, _check_trees(trees, self.X.shape, axis), _pair(alpha, "alpha"), _pair(beta, "beta")
+
+    def _buffer(self, name: str, n: int) -> torch.Tensor:
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < n:
+            self._buffers.pop(name, None)
+            buf = self._buffers[name] = empty((n,), self.X)
+        return buf[:n]
+
+    def blocks(self, axis: int, trees, alphas, betas, block_bytes: int | None):
+        """Yield (block, d): the first d columns of each 2-D `block` (n_slices rows) are some
+        of the features (`tree_features`); together, all of them. A block lives until the
+        next one is asked for.
+
+        Folder means are built by sweeps through the trees (`sweep`): every average over a
+        folder from the averages over its parts, never a dense membership product. The
+        folders of trees[0] are taken a chunk of subtrees at a time (chunks of at most
+        ~max_items items, so a block holds about `block_bytes`), the means of the chunks'
+        roots kept for the folders above them. With block_bytes None, one block, in the
+        column order (folder of trees[0], folder of trees[1]).
+        """
+        t = self.X
+        ta, tb = trees
+        spa, spb = splits(ta), splits(tb)
+        wa = ta.folder_weights(alphas[0], betas[0])
+        wb = tb.folder_weights(alphas[1], betas[1])
+        whole_b = whole_program(spb, spb.folder_node, wb)
+        n_m, n_k, f_b = t.shape[axis], t.shape[1], len(wb)
+        max_items = ta.n
+        if block_bytes is not None:
+            per_item = 2 * n_m * f_b * t.element_size()  # a chunk of c items has < 2c folders
+            max_items = max(1, min(ta.n, block_bytes // per_item))
+        chunks, n_emit, tops = chunk_programs(spa, spa.folder_node, wa, max_items)
+        at = np.r_[0, np.cumsum([prog.emit.size - k for prog, k in zip(chunks, n_emit)])]
+        c_max = max(p.load.size for p in chunks)
+        e_max = max(p.emit.size for p in chunks + tops)
+        swept, ws = self._buffer("swept", n_m * c_max * f_b), self._buffer("block", n_m * e_max * f_b)
+        roots = self._buffer("roots", n_m * at[-1] * f_b).view(n_m, -1, f_b) if tops else None
+        # Each chunk becomes (slice, chunk item, folder of the other tree): means over the
+        # other tree's folders first, read straight from X (the kernel picks the chunk's
+        # rows, and transposes for heads), then over the chunk's folders along the middle
+        # axis. The (slice, folder, folder) result, reshaped, is the block of features,
+        # the chunk's roots after them.
+        for i, (prog, k) in enumerate(zip(chunks, n_emit)):
+            items, c = prog.load, prog.load.size
+            xb = swept[:n_m * c * f_b].view(n_m, c, f_b)
+            if axis == 2:  # heads: X[chunk] swept along keys into (head, chunk item, key folder)
+                run_program(t, whole_b, 1, out=xb, rows=items, transposed=True)
+            else:  # queries: vectors X[q, chunk item, :]; keys: X[chunk item, k, :]
+                rows = (np.arange(n_m)[:, None] * n_k + items[None, :] if axis == 0
+                        else items[None, :] * n_k + np.arange(n_m)[:, None])
+                run_program(t, whole_b, 2, out=xb, rows=rows.ravel())
+            y = run_program(xb, _reload(prog), 1, out=ws[:n_m * prog.emit.size * f_b].view(n_m, -1, f_b))
+            if roots is not None:
+                _copy(roots[:, at[i]:at[i + 1]], y[:, k:])
+            yield y.reshape(n_m, -1), k * f_b
+        for top in tops:
+            y = run_program(roots, top, 1, out=ws[:n_m * top.emit.size * f_b].view(n_m, -1, f_b))
+            yield y.reshape(n_m, -1), y.shape[1] * f_b
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    # numpy on CPU: torch's strided copies between numba's parallel regions are erratic here
+    # (up to 10x slower, waking its OpenMP threads)
+    if dst.device.type == "cpu":
+        np.copyto(dst.numpy(), src.numpy())
+    else:
+        dst.copy_(src)
+
+
+def _reload(prog: Program) -> Program:
+    """The program reading its items from rows 0..len-1 (a gathered chunk) instead."""
+    return Program(np.arange(prog.load.size), prog.left, prog.right, prog.wl, prog.wr, prog.steps,
+                   prog.emit, prog.weight)
 
 
 def tree_features(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0) -> torch.Tensor:
@@ -199,24 +355,13 @@ def tree_features(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0) ->
     Row s of the (n_slices, F_a * F_b) result holds w(A) w(B) mean(X_s[A, B]) over every
     pair of distinct folders (A in trees[0], B in trees[1]); a folder that repeats over k
     levels (single child) carries the sum of its k level weights, so the L1 distance
-    between rows equals the L1 over all (level, folder) pairs of the SPEC.
+    between rows equals the L1 over all (level, folder) pairs of the SPEC. `tree_emd`
+    never holds this matrix; this is its reference.
     """
-    t, _ = as_tensor(X, "X", ndim=3, finite=False)
-    _check_finite(t, "X")
-    axis = _check_axis(axis)
-    ta, tb = _check_trees(trees, t.shape, axis)
-    (aa, ab), (ba, bb) = _pair(alpha, "alpha"), _pair(beta, "beta")
-    ma = _weighted_means(ta, aa, ba, t.device)  # (F_a, n_a)
-    mb = _weighted_means(tb, ab, bb, t.device)  # (F_b, n_b)
-    xs = t.movedim(axis, 0)  # (slice, n_a, n_b); remaining axes keep increasing order
-    # contract the longer axis first: fewer multiply-adds since F ~ 2n
-    if ta.n >= tb.n:
-        y = torch.matmul(ma, xs)  # (slice, F_a, n_b)
-        feat = torch.matmul(y, mb.T)  # (slice, F_a, F_b)
-    else:
-        y = torch.matmul(xs, mb.T)  # (slice, n_a, F_b)
-        feat = torch.matmul(ma, y)
-    return feat.reshape(feat.shape[0], -1)
+    emd = TreeEMD(X)
+    axis, trees, al, be = emd._check(axis, trees, alpha, beta)
+    block, d = next(emd.blocks(axis, trees, al, be, None))
+    return block[:, :d]
 
 
 def tree_emd(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0):
@@ -228,9 +373,12 @@ def tree_emd(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0):
     w(F) = (|F| / n)^beta * 2^((1 - level(F)) * alpha), root level 1; `alpha` and `beta`
     are numbers, or pairs giving each tree its own exponent. Returns the
     symmetric (n_slices, n_slices) float64 distance matrix, numpy or torch like X.
+
+    The features (`tree_features`) are built and consumed block by block: memory stays
+    at about the size of X plus a few blocks, whatever the number of folders. For many
+    EMDs of one tensor, `TreeEMD` keeps its buffers.
     """
-    was_numpy = not isinstance(X, torch.Tensor)
-    return back(_pairwise_l1(tree_features(X, axis, trees, alpha, beta)), was_numpy)
+    return back(TreeEMD(X)(axis, trees, alpha, beta), not isinstance(X, torch.Tensor))
 
 
 def emd_affinity(D, eps: float = 1.0):

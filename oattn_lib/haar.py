@@ -2,8 +2,10 @@
 
 The basis of Gavish, Nadler and Coifman (2010): column 0 is the constant; each folder
 with m children contributes m - 1 vectors that are constant on each child and balance
-the largest child against the rest. Transforms are dense batched matrix products, on
-the device of the input.
+the largest child against the rest. `haar_basis` builds it densely (the reference, and
+the supports and levels); the transforms never do: they sweep through the tree
+(`sweep.haar_sweep`, O(n) per vector), on the device of the input, and give the
+coefficients in the basis's column order.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 import torch
 
 from ._arrays import as_tensor, back
+from .sweep import haar_sweep
 from .trees import PartitionTree
 
 __all__ = ["haar_basis", "bihaar", "inverse_bihaar", "trihaar", "inverse_trihaar",
@@ -85,75 +88,58 @@ def haar_basis(tree: PartitionTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return _basis_cached(_check_tree(tree, "tree"))
 
 
-def _basis_t(tree, name, like: torch.Tensor) -> torch.Tensor:
-    b = haar_basis(_check_tree(tree, name))[0]
-    return torch.tensor(b, dtype=like.dtype, device=like.device)
+def _prepare(X, name: str, trees, ndim):
+    """X as a contiguous float tensor with a head axis, checked against the trees."""
+    x, was_np = as_tensor(X, name, ndim=ndim, dtype=None)
+    x = (x if x.is_floating_point() else x.float()).contiguous()
+    single = x.ndim == 2
+    if single:
+        x = x[:, :, None]
+    for axis, (tree, tname) in enumerate(zip(trees, ("tree_q", "tree_k", "tree_h"))):
+        _check_tree(tree, tname)
+        if x.shape[axis] != tree.n:
+            raise ValueError(f"{tname}: has {tree.n} items but {name} axis {axis} has length {x.shape[axis]}")
+    return x, was_np, single
 
 
-def _check_axis(x: torch.Tensor, axis: int, tree: PartitionTree, name: str, xname: str = "X"):
-    if x.shape[axis] != tree.n:
-        raise ValueError(f"{name}: has {tree.n} items but {xname} axis {axis} has length {x.shape[axis]}")
-
-
-def _bihaar_t(x: torch.Tensor, tree_q, tree_k, inverse: bool) -> torch.Tensor:
-    bq, bk = _basis_t(tree_q, "tree_q", x), _basis_t(tree_k, "tree_k", x)
-    if inverse:
-        bq, bk = bq.T, bk.T
-    # (h, q, k) batched: Bq^T X_h Bk
-    xh = x.permute(2, 0, 1)
-    return (bq.T @ xh @ bk).permute(1, 2, 0)
+def _transform(x: torch.Tensor, trees, inverse: bool) -> torch.Tensor:
+    """Haar sweep along axes 0, 1, ... with the given trees, into a new tensor."""
+    out = None
+    for axis, tree in enumerate(trees):
+        out = haar_sweep(x if out is None else out, tree, axis, inverse=inverse, out=out)
+    return out
 
 
 def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree):
     """bi-Haar coefficients C_h = B_Q^T X_h B_K of every head (SPEC 2).
 
     X is (query, key, head) or a single (query, key) head; the result has the same shape,
-    indexed by (query basis, key basis[, head]).
+    indexed by (query basis, key basis[, head]), in the column order of `haar_basis`.
+    Computed by fast sweeps through the trees (`sweep.haar_sweep`), O(n) per vector and
+    with no memory beyond the result.
     """
-    x, was_np = as_tensor(X, "X", ndim=(2, 3), dtype=None)
-    x = x if x.is_floating_point() else x.float()
-    single = x.ndim == 2
-    if single:
-        x = x[:, :, None]
-    _check_axis(x, 0, tree_q, "tree_q")
-    _check_axis(x, 1, tree_k, "tree_k")
-    c = _bihaar_t(x, tree_q, tree_k, inverse=False)
+    x, was_np, single = _prepare(X, "X", (tree_q, tree_k), (2, 3))
+    c = _transform(x, (tree_q, tree_k), inverse=False)
     return back(c[:, :, 0] if single else c, was_np)
 
 
 def inverse_bihaar(C, tree_q: PartitionTree, tree_k: PartitionTree):
     """Reconstruct heads from bi-Haar coefficients: X_h = B_Q C_h B_K^T."""
-    c, was_np = as_tensor(C, "C", ndim=(2, 3), dtype=None)
-    c = c if c.is_floating_point() else c.float()
-    single = c.ndim == 2
-    if single:
-        c = c[:, :, None]
-    _check_axis(c, 0, tree_q, "tree_q", "C")
-    _check_axis(c, 1, tree_k, "tree_k", "C")
-    x = _bihaar_t(c, tree_q, tree_k, inverse=True)
+    c, was_np, single = _prepare(C, "C", (tree_q, tree_k), (2, 3))
+    x = _transform(c, (tree_q, tree_k), inverse=True)
     return back(x[:, :, 0] if single else x, was_np)
 
 
 def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
     """tri-Haar coefficients of the network: X x_1 B_Q^T x_2 B_K^T x_3 B_H^T (SPEC 2)."""
-    x, was_np = as_tensor(X, "X", ndim=3, dtype=None)
-    x = x if x.is_floating_point() else x.float()
-    _check_axis(x, 0, tree_q, "tree_q")
-    _check_axis(x, 1, tree_k, "tree_k")
-    _check_axis(x, 2, tree_h, "tree_h")
-    c = _bihaar_t(x, tree_q, tree_k, inverse=False) @ _basis_t(tree_h, "tree_h", x)
-    return back(c, was_np)
+    x, was_np, _ = _prepare(X, "X", (tree_q, tree_k, tree_h), 3)
+    return back(_transform(x, (tree_q, tree_k, tree_h), inverse=False), was_np)
 
 
 def inverse_trihaar(C, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
     """Reconstruct the network tensor from its tri-Haar coefficients."""
-    c, was_np = as_tensor(C, "C", ndim=3, dtype=None)
-    c = c if c.is_floating_point() else c.float()
-    _check_axis(c, 0, tree_q, "tree_q", "C")
-    _check_axis(c, 1, tree_k, "tree_k", "C")
-    _check_axis(c, 2, tree_h, "tree_h", "C")
-    x = _bihaar_t(c @ _basis_t(tree_h, "tree_h", c).T, tree_q, tree_k, inverse=True)
-    return back(x, was_np)
+    c, was_np, _ = _prepare(C, "C", (tree_q, tree_k, tree_h), 3)
+    return back(_transform(c, (tree_q, tree_k, tree_h), inverse=True), was_np)
 
 
 def bihaar_support(tree_q: PartitionTree, tree_k: PartitionTree) -> np.ndarray:

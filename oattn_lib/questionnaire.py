@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ._arrays import as_tensor
-from .emd import emd_affinity, tree_emd
+from .emd import TreeEMD, emd_affinity
 from .trees import PartitionTree, flexible_tree
 
 __all__ = ["Organization", "questionnaire3d", "questionnaire2d", "cosine_affinity"]
@@ -52,12 +52,52 @@ def cosine_affinity(slices: torch.Tensor) -> np.ndarray:
 
     The diagonal is 1 even for an all-zero slice, which has no direction (SPEC 3.2 step 1).
     """
-    s = slices.to(torch.float64)
-    norm = s.norm(dim=1, keepdim=True)
-    s = s / torch.where(norm > 0, norm, torch.ones_like(norm))
-    a = (s @ s.T).clamp_min(0).cpu().numpy()
+    return _cosine(slices, 0)
+
+
+def _cosine(x: torch.Tensor, axis: int) -> np.ndarray:
+    """Cosine affinity between the slices of x along `axis`, from their float64 Gram matrix."""
+    g = _gram(x, axis)
+    norm = np.sqrt(np.diag(g))
+    norm = np.where(norm > 0, norm, 1.0)
+    a = np.clip(g / norm[:, None] / norm[None, :], 0.0, None)
     np.fill_diagonal(a, 1.0)
     return (a + a.T) / 2
+
+
+# Elements of one float64 piece of the slices in `_gram`.
+_GRAM_PIECE = 1 << 22
+
+
+def _gram(x: torch.Tensor, axis: int) -> np.ndarray:
+    """Gram matrix <X_i, X_j> of the slices of x along `axis`, in float64, as numpy.
+
+    Built a piece of the flattened slices at a time (float64 copies of ~32 MB, never of
+    all of x), and of each piece's product only the upper triangle of row blocks: the
+    Gram matrix is symmetric, so that is about 5/8 of a full product's work.
+    """
+    n = x.shape[axis]
+    g = torch.zeros((n, n), dtype=torch.float64, device=x.device)
+    blocks = np.linspace(0, n, min(4, n) + 1).astype(int)
+    rest = x.numel() // n
+    if axis == 0:
+        flat = x.reshape(n, rest)
+        width = max(1, _GRAM_PIECE // n)
+        pieces = (flat[:, j:j + width] for j in range(0, rest, width))
+    else:
+        per = x[0].numel() // n  # elements of one slice within x[i]
+        step = max(1, _GRAM_PIECE // max(1, n * per))
+        pieces = (x[i:i + step].movedim(axis, 0).reshape(n, -1) for i in range(0, x.shape[0], step))
+    buf = None
+    for piece in pieces:
+        if buf is None:  # one float64 buffer for every piece (fresh ones were not reused)
+            buf = torch.empty(piece.numel(), dtype=torch.float64, device=x.device)
+        p = buf[:piece.numel()].view(piece.shape).copy_(piece)
+        for bi in range(len(blocks) - 1):
+            rows = p[blocks[bi]:blocks[bi + 1]]
+            g[blocks[bi]:blocks[bi + 1], blocks[bi]:] += rows @ p[blocks[bi]:].T
+    g = torch.triu(g)
+    return (g + g.T - torch.diag(torch.diag(g))).cpu().numpy()
 
 
 def _per_axis(value, name: str) -> tuple[float, float, float]:
@@ -93,29 +133,29 @@ def questionnaire3d(X, n_iters: int = 3, alpha=0.0, beta=1.0, constant: float = 
     def tree(aff):
         return flexible_tree(aff, constant=constant, n_eigs=n_eigs, seed=seed)
 
-    aff_q = cosine_affinity(x.reshape(nq, -1))
-    aff_k = cosine_affinity(x.permute(1, 0, 2).reshape(nk, -1))
+    aff_q, aff_k = _cosine(x, 0), _cosine(x, 1)
+    emd = TreeEMD(x, check_finite=False)  # x is checked; its buffers serve all nine steps
     tree_q, tree_k = tree(aff_q), tree(aff_k)
     init_q, init_k = tree_q, tree_k
     aff_h = np.ones((nh, nh))
     tree_h = None
     for it in range(n_iters):
         tq, tk = (init_q, init_k) if head_uses_initial_trees else (tree_q, tree_k)
-        aff_h = _affinity(x, 2, (tq, tk), (aq, ak), (bq, bk), eps)
+        aff_h = _affinity(emd, 2, (tq, tk), (aq, ak), (bq, bk), eps)
         tree_h = tree(aff_h)
-        aff_q = _affinity(x, 0, (tree_k, tree_h), (ak, ah), (bk, bh), eps)
+        aff_q = _affinity(emd, 0, (tree_k, tree_h), (ak, ah), (bk, bh), eps)
         tree_q = tree(aff_q)
-        aff_k = _affinity(x, 1, (tree_q, tree_h), (aq, ah), (bq, bh), eps)
+        aff_k = _affinity(emd, 1, (tree_q, tree_h), (aq, ah), (bq, bh), eps)
         tree_k = tree(aff_k)
         log.debug("questionnaire iteration %d/%d: levels q=%d k=%d h=%d", it + 1, n_iters,
                   tree_q.n_levels, tree_k.n_levels, tree_h.n_levels)
     return Organization(tree_q, tree_k, tree_h, aff_q, aff_k, aff_h)
 
 
-def _affinity(x, axis, trees, alphas, betas, eps) -> np.ndarray:
-    """EMD affinity between the slices of x along `axis`, over the two given trees."""
+def _affinity(emd: TreeEMD, axis, trees, alphas, betas, eps) -> np.ndarray:
+    """EMD affinity between the slices of the tensor along `axis`, over the two given trees."""
     # Folder weights factor per axis, so per-axis (alpha, beta) pass through as a pair.
-    d = tree_emd(x, axis, trees, alpha=alphas, beta=betas)
+    d = emd(axis, trees, alpha=alphas, beta=betas)
     g = emd_affinity(d, eps=eps)
     g = g.detach().cpu().numpy() if isinstance(g, torch.Tensor) else np.asarray(g)
     g = g.astype(np.float64)
@@ -135,7 +175,7 @@ def questionnaire2d(M, n_iters: int = 10, alpha: float = 1.0, beta: float = 0.0,
     m, _ = as_tensor(M, "M", ndim=2)
     if n_iters < 1:
         raise ValueError(f"n_iters: must be >= 1, got {n_iters}")
-    x = m[:, :, None]  # a singleton third axis reuses the 3-D EMD unchanged
+    emd = TreeEMD(m[:, :, None], check_finite=False)  # a singleton third axis: the 3-D EMD unchanged
     single = PartitionTree(np.zeros((1, 1), dtype=np.int64))
 
     def tree(aff):
@@ -144,6 +184,6 @@ def questionnaire2d(M, n_iters: int = 10, alpha: float = 1.0, beta: float = 0.0,
     tree_r = tree(cosine_affinity(m))
     tree_c = None
     for _ in range(n_iters):
-        tree_c = tree(_affinity(x, 1, (tree_r, single), (alpha, 0.0), (beta, 0.0), eps))
-        tree_r = tree(_affinity(x, 0, (tree_c, single), (alpha, 0.0), (beta, 0.0), eps))
+        tree_c = tree(_affinity(emd, 1, (tree_r, single), (alpha, 0.0), (beta, 0.0), eps))
+        tree_r = tree(_affinity(emd, 0, (tree_c, single), (alpha, 0.0), (beta, 0.0), eps))
     return tree_r, tree_c

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+import scipy.sparse
+import torch
 
 from ._arrays import check_affinity
 
@@ -213,13 +215,29 @@ def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
     p1 = a / np.outer(d, d)
     d2 = np.sqrt(p1.sum(1)) + 1e-15
     p = p1 / np.outer(d2, d2)
-    u, s, _ = np.linalg.svd(p, hermitian=True)
+    # singular triplets of the symmetric P: eigenvectors by |eigenvalue| descending, as
+    # numpy's svd(hermitian=True) orders them; torch's eigh (MKL) is much faster than
+    # numpy's on a busy machine
+    w, v = (a.numpy() for a in torch.linalg.eigh(torch.from_numpy(p)))
+    s = np.abs(w)
+    idx = np.argsort(s)[::-1]
+    u, s = v[:, idx], s[idx]
     k = min(n_eigs, len(s))
     u, s = u[:, :k], s[:k]
     phi0 = d2 / np.linalg.norm(d2)
     phi = u / phi0[:, None]
     sign = np.where(phi[0] < 0, -1.0, 1.0)
     return phi * sign, s
+
+
+def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
+    """Mean of the symmetric d_leaf over the leaves of every pair of nodes: M d M^T with
+    the sparse 0/1 membership M, O(n^2) (a dense membership product is O(n^3))."""
+    counts = np.bincount(node_of_leaf).astype(np.float64)
+    n = node_of_leaf.size
+    mem = scipy.sparse.csr_matrix((np.ones(n), (node_of_leaf, np.arange(n))), shape=(counts.size, n))
+    d = mem @ (mem @ d_leaf).T
+    return d / counts[:, None] / counts[None, :]
 
 
 def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
@@ -280,10 +298,7 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
         emb = phi * s[None, :] ** (2.0 ** (lev - 1))
         sq = (emb ** 2).sum(1)
         d_leaf = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * emb @ emb.T, 0.0))
-        n_nodes = node_of_leaf.max() + 1
-        mem = (node_of_leaf[None, :] == np.arange(n_nodes)[:, None]).astype(np.float64)
-        mem /= mem.sum(1, keepdims=True)
-        d_node = mem @ d_leaf @ mem.T
+        d_node = _node_means(d_leaf, node_of_leaf)
         group = _greedy_merge(d_node, constant)
         node_of_leaf = group[node_of_leaf]
         levels.append(node_of_leaf.copy())

@@ -72,6 +72,25 @@ def test_pairwise_l1_strips_accumulate(m, d, strip):
     np.testing.assert_allclose(emd._pairwise_l1_numba(F, strip=strip), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pairwise_l1_tasks_cover_every_pair_once(threads):
+    """Many strips and runs of block pairs, handed out to the threads as they come; a sum
+    added twice or skipped would show. Added in two column blocks, as the tree EMD does."""
+    import numba
+    F = np.random.default_rng(5).standard_normal((150, 3000)).astype(np.float32)
+    want = cdist(F.astype(np.float64), F.astype(np.float64), "cityblock")
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        total = emd._L1Sum(F.shape[0], "cpu", strip=64)
+        total.add(np.ascontiguousarray(F[:, :1234]))
+        total.add(np.ascontiguousarray(F[:, 1234:]), 3000 - 1234)
+        got = total.result().numpy()
+    finally:
+        numba.set_num_threads(old)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_pairwise_l1_accurate_for_long_features():
     F = np.random.default_rng(0).random((3, 300_001)).astype(np.float32)
     F[1] += 1e-3
@@ -170,6 +189,99 @@ def test_tree_emd_torch_in_torch_out():
     Dt = tree_emd(torch.from_numpy(X), 1, trees)
     assert isinstance(Dt, torch.Tensor)
     np.testing.assert_allclose(Dt.numpy(), tree_emd(X, 1, trees), rtol=1e-6)
+
+
+def dense_features(X, axis, trees, alpha, beta):
+    """SPEC 3.1's product form: M_A X_s M_B^T with weighted, row-normalised memberships."""
+    def means(tree, a, b):
+        mem = tree.folders[0].astype(float)
+        return mem * (tree.folder_weights(a, b) / mem.sum(1))[:, None]
+    ma, mb = means(trees[0], alpha, beta), means(trees[1], alpha, beta)
+    xs = np.moveaxis(X.astype(float), axis, 0)
+    return np.einsum("ai,sij,bj->sab", ma, xs, mb).reshape(xs.shape[0], -1)
+
+
+def caterpillar(n):
+    return PartitionTree(np.array([np.minimum(np.arange(n), lev) for lev in range(n)])) if n > 1 \
+        else PartitionTree(np.zeros((1, 1), dtype=np.int64))
+
+
+def flat(n):
+    return PartitionTree(np.stack([np.zeros(n, dtype=np.int64), np.arange(n)])) if n > 1 \
+        else PartitionTree(np.zeros((1, 1), dtype=np.int64))
+
+
+@st.composite
+def emd_case(draw):
+    shape = tuple(draw(st.integers(1, 9)) for _ in range(3))
+    axis = draw(st.integers(0, 2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    trees = []
+    for a in (a for a in range(3) if a != axis):
+        kind = draw(st.sampled_from(["nested", "balanced", "caterpillar", "flat"]))
+        n = shape[a]
+        trees.append({"nested": lambda: random_nested_tree(n, draw(st.integers(2, 5)), rng),
+                      "balanced": lambda: random_tree(n, rng), "caterpillar": lambda: caterpillar(n),
+                      "flat": lambda: flat(n)}[kind]())
+    return rng.standard_normal(shape).astype(np.float32), axis, tuple(trees)
+
+
+@FAST
+@given(case=emd_case(), block_bytes=st.sampled_from([1, 100, 3000, 1 << 30]),
+       torch_path=st.booleans(), alpha=st.sampled_from([0.0, 1.0]), beta=st.sampled_from([0.0, 1.0]))
+def test_features_by_sweeps_and_chunks_equal_the_product_form(case, block_bytes, torch_path, alpha, beta):
+    """Folder means built split by split, and the EMD from chunks of features with the
+    chunks' roots carried to the folders above, equal the dense definition."""
+    from oattn_lib import sweep
+    X, axis, trees = case
+    want = dense_features(X, axis, trees, alpha, beta)
+    old_bytes, old_ok = emd._BLOCK_BYTES, sweep._numba_ok
+    try:
+        emd._BLOCK_BYTES = block_bytes
+        if torch_path:  # the device path (CUDA), on CPU: torch sweeps and chunked cdist
+            sweep._numba_ok = lambda x: False
+            emd._L1Sum.numba = property(lambda self: False, lambda self, value: None)
+        np.testing.assert_allclose(emd.tree_features(X, axis, trees, alpha, beta).numpy(), want, rtol=1e-5, atol=1e-6)
+        D = tree_emd(X, axis, trees, alpha, beta)
+    finally:
+        emd._BLOCK_BYTES, sweep._numba_ok = old_bytes, old_ok
+        if torch_path:
+            del emd._L1Sum.numba
+    np.testing.assert_allclose(D, cdist(want, want, "cityblock"), rtol=1e-5, atol=1e-5)
+
+
+def test_tree_emd_in_blocks_at_scale():
+    """Many chunks and several top programs on a 300-item tree; the same as one block."""
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((300, 20, 6)).astype(np.float32)
+    for axis, trees in ((2, (random_tree(300, rng), random_tree(20, rng))),
+                        (1, (caterpillar(300), random_tree(6, rng))),
+                        (0, (random_tree(20, rng), flat(6)))):
+        one = pairwise_l1(emd.tree_features(X, axis, trees))
+        old = emd._BLOCK_BYTES
+        try:
+            emd._BLOCK_BYTES = 4000
+            blocks = tree_emd(X, axis, trees)
+        finally:
+            emd._BLOCK_BYTES = old
+        np.testing.assert_allclose(blocks, one, rtol=1e-5)
+
+
+def test_one_tree_emd_serves_many_calls():
+    """Buffers kept from call to call (grown when needed) give every call's own answer."""
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((30, 25, 12)).astype(np.float32)
+    many = emd.TreeEMD(X)
+    old = emd._BLOCK_BYTES
+    try:
+        emd._BLOCK_BYTES = 20000
+        for axis, trees in [(2, (random_tree(30, rng), random_tree(25, rng))), (0, (flat(25), random_tree(12, rng))),
+                            (1, (caterpillar(30), flat(12))), (2, (flat(30), caterpillar(25)))]:
+            np.testing.assert_allclose(many(axis, trees).numpy(), tree_emd(X, axis, trees), rtol=1e-6)
+            want = pairwise_l1(emd.tree_features(X, axis, trees))
+            np.testing.assert_allclose(many(axis, trees).numpy(), want, rtol=1e-5)
+    finally:
+        emd._BLOCK_BYTES = old
 
 
 # -- emd_affinity -------------------------------------------------------------------------

@@ -82,6 +82,23 @@ def test_sparsity_l1_over_l2():
     assert network_sparsity(np.ones((8, 8, 2)), make_org(8, 8, 2)) == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("shape,dims", [((9, 6, 5), (0, 1)), ((9, 6, 5), 0), ((40,), 0), ((4, 5, 6), (1, 2)),
+                                        ((4, 5, 6), (0, 1, 2)), ((1, 1, 1), (0, 1))])
+def test_l1_over_l2_in_slabs_equals_one_pass(monkeypatch, shape, dims):
+    """Slab by slab (no float64 copy of the whole tensor) gives the one-pass ratio."""
+    import torch
+
+    from oattn_lib import entropy
+    c = torch.from_numpy(np.random.default_rng(4).normal(size=shape).astype(np.float32))
+    c[..., 0] = 0
+    d = c.double()
+    l1, l2 = d.abs().sum(dims), d.pow(2).sum(dims).sqrt()
+    want = torch.where(l2 > 0, l1 / torch.where(l2 > 0, l2, torch.ones_like(l2)), torch.zeros_like(l1))
+    for slab in (1, 7, 1 << 22):
+        monkeypatch.setattr(entropy, "_SLAB", slab)
+        torch.testing.assert_close(entropy.l1_over_l2(c, dims), want, rtol=1e-12, atol=0)
+
+
 def test_coarsest_prefers_large_support_then_coarse_level():
     idx = coarsest([np.array([4, 4, 2, 2]), np.array([3, 1, 2])],
                    [np.array([0, 0, 1, 1]), np.array([0, 1, 0])], 4)

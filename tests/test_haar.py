@@ -2,10 +2,12 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from oattn_lib import sweep
 from oattn_lib.haar import (bihaar, bihaar_support, haar_basis, inverse_bihaar, inverse_trihaar,
                             trihaar)
+from oattn_lib.sweep import haar_sweep
 from oattn_lib.trees import PartitionTree, balanced_tree, random_tree
 
 
@@ -24,6 +26,66 @@ def random_trees(draw, max_n=40):
         if len(levels) > 12:
             levels.append(np.arange(n))
     return PartitionTree(np.stack(levels))
+
+
+def caterpillar(n: int) -> PartitionTree:
+    """The deepest tree: each level splits one item off the folder of the rest."""
+    return PartitionTree(np.array([np.minimum(np.arange(n), lev) for lev in range(n)]) if n > 1
+                         else np.zeros((1, 1), dtype=int))
+
+
+def flat(n: int) -> PartitionTree:
+    """The shallowest: the root's children are the n singletons (one folder of n children)."""
+    return PartitionTree(np.stack([np.zeros(n, dtype=int), np.arange(n)]) if n > 1 else np.zeros((1, 1), dtype=int))
+
+
+trees_of_every_shape = st.one_of(
+    random_trees(),
+    st.integers(1, 40).map(caterpillar),
+    st.integers(1, 40).map(flat),
+    st.tuples(st.integers(1, 40), st.integers(0, 2**31 - 1)).map(
+        lambda a: random_tree(a[0], np.random.default_rng(a[1]))))
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def path(request, monkeypatch):
+    """Both implementations of the sweeps: the CPU kernels and the torch one used on GPUs."""
+    if request.param == "torch":
+        monkeypatch.setattr(sweep, "_numba_ok", lambda x: False)
+    return request.param
+
+
+@given(tree=trees_of_every_shape, axis=st.integers(0, 2), shape=st.tuples(st.integers(1, 4), st.integers(1, 80)),
+       seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fast_transform_equals_the_dense_basis(path, tree, axis, shape, seed):
+    """Sweep along any axis = the dense product with the basis, in its column order; the
+    inverse sweep undoes it (odd folder sizes, singletons, single children, deep trees)."""
+    dims = [shape[0], shape[1]]
+    dims.insert(axis, tree.n)
+    x = np.random.default_rng(seed).normal(size=dims)
+    b = haar_basis(tree)[0]
+    want = np.moveaxis(np.tensordot(b, x, axes=([0], [axis])), 0, axis)  # B^T along axis
+    got = haar_sweep(torch.from_numpy(x), tree, axis).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    np.testing.assert_allclose(haar_sweep(torch.from_numpy(want.copy()), tree, axis, inverse=True).numpy(), x,
+                               atol=1e-12)
+    inplace = torch.from_numpy(x.copy())
+    assert haar_sweep(inplace, tree, axis, out=inplace) is inplace
+    np.testing.assert_allclose(inplace.numpy(), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [caterpillar, flat])
+@pytest.mark.parametrize("n", [1, 2, 3, 64, 301])
+def test_fast_transforms_on_extreme_trees_float32(path, make, n):
+    rng = np.random.default_rng(n)
+    tq, tk, th = make(n), random_tree(7, rng), make(5)
+    x = rng.normal(size=(n, 7, 5)).astype(np.float32)
+    bq, bk, bh = (haar_basis(t)[0] for t in (tq, tk, th))
+    c = trihaar(x, tq, tk, th)
+    assert c.dtype == np.float32
+    np.testing.assert_allclose(c, np.einsum("qkh,qa,kb,hc->abc", x.astype(float), bq, bk, bh), atol=2e-5)
+    np.testing.assert_allclose(inverse_trihaar(c, tq, tk, th), x, atol=2e-5)
 
 
 @given(random_trees())
@@ -123,6 +185,42 @@ def test_constant_and_smooth_signals_are_sparse():
     assert abs(c[0, 0]) == pytest.approx(48.0)
     c[0, 0] = 0
     assert np.abs(c).max() < 1e-6
+
+
+def test_splits_are_the_basis():
+    """Each split is one basis vector: support and parts as the dense basis has them."""
+    rng = np.random.default_rng(3)
+    for tree in (random_tree(37, rng), caterpillar(9), flat(6), PartitionTree(np.array(
+            [[0, 0, 0, 0, 0, 0], [2, 1, 2, 0, 1, 1], [3, 1, 3, 0, 2, 2], [4, 1, 5, 0, 2, 3]]))):
+        sp, b = sweep.splits(tree), haar_basis(tree)[0]
+        assert sorted(sp.column.tolist()) == list(range(1, tree.n))
+        assert np.all(np.diff(sp.height) >= 0), "splits by height: parts first"
+        for s in range(tree.n - 1):
+            col = b[:, sp.column[s]]
+            left, right = (_items(sp, v) for v in (sp.left[s], sp.right[s]))
+            assert np.all(col[left] > 0) and np.all(col[right] < 0)
+            assert np.count_nonzero(np.abs(col) > 1e-12) == left.size + right.size
+        # every distinct folder has a node covering exactly its items
+        mem = tree.folders[0]
+        for f, v in enumerate(sp.folder_node):
+            assert np.array_equal(np.flatnonzero(mem[f]), np.sort(_items(sp, v)))
+
+
+def _items(sp, v):
+    if v < sp.n:
+        return np.array([v])
+    return np.r_[_items(sp, sp.left[v - sp.n]), _items(sp, sp.right[v - sp.n])]
+
+
+def test_inverse_sweeps_in_place_undo_bihaar():
+    rng = np.random.default_rng(0)
+    tq, tk = random_tree(33, rng), random_tree(17, rng)
+    x = torch.from_numpy(rng.normal(size=(33, 17, 6)).astype(np.float32))
+    c = bihaar(x, tq, tk)
+    y = c.clone()
+    for axis, tree in ((0, tq), (1, tk)):
+        haar_sweep(y, tree, axis, inverse=True, out=y)
+    torch.testing.assert_close(y, x, atol=1e-5, rtol=0)
 
 
 def test_bad_input_raises():

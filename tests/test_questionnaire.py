@@ -109,17 +109,18 @@ def test_steps_run_in_spec_order_on_the_newest_trees(monkeypatch, head_uses_init
     # (T_K x T_H), key EMD over (T_Q x T_H), each on the newest trees; the authors'
     # switch makes only the head step use the initial query and key trees
     calls, built = [], []
-    real_emd, real_tree = questionnaire_module.tree_emd, questionnaire_module.flexible_tree
+    real_tree = questionnaire_module.flexible_tree
 
-    def spy_emd(X, axis, trees, *args, **kwargs):
-        calls.append((axis, tuple(trees)))
-        return real_emd(X, axis, trees, *args, **kwargs)
+    class SpyEMD(questionnaire_module.TreeEMD):
+        def __call__(self, axis, trees, *args, **kwargs):
+            calls.append((axis, tuple(trees)))
+            return super().__call__(axis, trees, *args, **kwargs)
 
     def spy_tree(affinity, *args, **kwargs):
         built.append(real_tree(affinity, *args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(questionnaire_module, "tree_emd", spy_emd)
+    monkeypatch.setattr(questionnaire_module, "TreeEMD", SpyEMD)
     monkeypatch.setattr(questionnaire_module, "flexible_tree", spy_tree)
     x, _ = planted_tensor(n_q=12, n_k=10, per_cluster=3, seed=2)
     n_iters = 3
@@ -180,6 +181,26 @@ def test_degenerate_tensors_give_finite_trees():
         for a in (org.affinity_q, org.affinity_k, org.affinity_h):
             assert np.isfinite(a).all()
         assert org.tree_h.n == x.shape[2]
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1 << 22])
+def test_cosine_from_pieces_of_the_gram_matrix(monkeypatch, piece):
+    """The initial affinities, built from float64 pieces and upper row blocks, equal the
+    cosine of the flattened slices (an all-zero slice included)."""
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.normal(size=(11, 9, 5)).astype(np.float32))
+    x[3] = 0
+    monkeypatch.setattr(questionnaire_module, "_GRAM_PIECE", piece)
+    for axis in range(3):
+        s = x.movedim(axis, 0).reshape(x.shape[axis], -1).double()
+        norm = s.norm(dim=1, keepdim=True)
+        s = s / torch.where(norm > 0, norm, torch.ones_like(norm))
+        want = (s @ s.T).clamp_min(0).numpy()
+        np.fill_diagonal(want, 1.0)
+        got = questionnaire_module._cosine(x, axis)
+        np.testing.assert_allclose(got, want, atol=1e-14)
+        assert np.array_equal(got, got.T)
+    np.testing.assert_allclose(cosine_affinity(x.reshape(11, -1)), questionnaire_module._cosine(x, 0), atol=1e-15)
 
 
 def test_bad_input_raises():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from oattn_lib.trees import PartitionTree, _greedy_merge, balanced_tree, flexible_tree, random_tree
+from oattn_lib.trees import PartitionTree, _greedy_merge, _node_means, balanced_tree, flexible_tree, random_tree
 
 
 def assert_valid_tree(t: PartitionTree):
@@ -116,6 +116,19 @@ def merged(dist, constant=1.0):
 def line(positions):
     x = np.asarray(positions, dtype=float)
     return np.abs(x[:, None] - x[None, :])
+
+
+@given(st.integers(1, 40), st.integers(0, 2**31 - 1))
+@settings(max_examples=30, deadline=None)
+def test_node_distances_are_means_over_leaves(n, seed):
+    """Segment sums give the membership product M D M^T of SPEC 1.1 step 3."""
+    rng = np.random.default_rng(seed)
+    d = rng.random((n, n))
+    d = d + d.T
+    node = np.unique(rng.integers(0, max(1, n // 2), n), return_inverse=True)[1]
+    mem = (node[None, :] == np.arange(node.max() + 1)[:, None]).astype(float)
+    mem /= mem.sum(1, keepdims=True)
+    np.testing.assert_allclose(_node_means(d, node), mem @ d @ mem.T, rtol=1e-12)
 
 
 def test_greedy_merge_stops_at_the_median():
