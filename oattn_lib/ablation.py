@@ -29,6 +29,8 @@ head's gate moves (the loss an embedding model is judged by, 1 - cos, is flat at
 """
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from .models.gating import HeadLayout, check_gates, row_outputs, wide
+
+log = logging.getLogger("oattn")
 
 __all__ = ["RANKINGS", "HAAR_LOW", "HAAR_HIGH", "RANDOM", "GRADIENT", "ATTN_ENTROPY", "CONFIDENCE",
            "METRICS", "HeldOut", "evaluate_masks", "reference_embeddings", "gate_gradients",
@@ -98,11 +102,12 @@ def _device(model) -> torch.device:
 
 
 @torch.no_grad()
-def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: int = 64) -> np.ndarray:
+def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: int = 64,
+                   progress_s: float = 30.0) -> np.ndarray:
     """The held-out metric under each of `gates` (configs, layer, head): (configs,).
 
     Rows (mask, example) are batched `batch_size` at a time, every mask in the same
-    forward passes as the others.
+    forward passes as the others; progress is logged every `progress_s` seconds.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
@@ -114,8 +119,14 @@ def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: 
     per_row = torch.empty(C * E, dtype=torch.float64)
     was_training = model.training
     model.eval()
+    t0 = last = time.perf_counter()
     try:
         for start in range(0, C * E, batch_size):
+            now = time.perf_counter()
+            if start and now - last >= progress_s:  # long evaluations report progress in the job's log
+                last = now
+                log.info("masked forward passes: %d of %d rows (%d masks x %d examples), %.0f s, about %.0f s to go",
+                         start, C * E, C, E, now - t0, (now - t0) * (C * E - start) / start)
             idx = torch.arange(start, min(start + batch_size, C * E))
             c, e = idx // E, idx % E
             out = row_outputs(model, layout, data.inputs[e].to(dev), g[c].to(dev))

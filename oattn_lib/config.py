@@ -16,7 +16,7 @@ import yaml
 from .units import resolve_unit
 
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
-           "complete_model", "n_tokens", "n_units", "stored_units"]
+           "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units"]
 
 # the workflow's schema, the one place defaults live
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
@@ -188,6 +188,7 @@ def validate_config(config: dict, schema_path: str) -> None:
         raise ConfigError(_one_line(err)) from None
     # defaults filled in by the schema take the same forms as given values
     coerce_config(config, schema)
+    _complete_model_prune(config, schema)
     check_config(config)
     ordered = canonical(copy.deepcopy(config))
     config.clear()
@@ -243,6 +244,39 @@ def stored_units(model: dict) -> tuple[list[int], list[int]] | None:
     return layers, heads
 
 
+def _merged(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _complete_model_prune(config: dict, schema: dict) -> None:
+    """A model's own `prune` section becomes the whole of its settings: the top-level `prune`
+    with the model's keys merged over it, validated as the top-level section is."""
+    import jsonschema
+
+    validator_cls = jsonschema.validators.validator_for(schema)
+    prune_schema = {**schema["properties"]["prune"], "$defs": schema.get("$defs", {})}
+    for i, m in enumerate(config["models"]):
+        if "prune" not in m:
+            continue
+        merged = _merged(config["prune"], m["prune"])
+        coerce_config(merged, prune_schema)
+        err = jsonschema.exceptions.best_match(validator_cls(prune_schema).iter_errors(merged))
+        if err is not None:
+            line = _one_line(err)
+            raise ConfigError(f"models[{i}] ({m['name']}).prune{'' if line.startswith('config') else '.'}"
+                              f"{line.removeprefix('config')}")
+        m["prune"] = merged
+
+
+def prune_settings(config: dict, model: dict) -> dict:
+    """The head-ablation settings of one model: its own `prune` section when it has one
+    (already merged over the top-level one by `validate_config`), else the top-level one."""
+    return model.get("prune") or config["prune"]
+
+
 def check_config(config: dict) -> None:
     from .softmax_free import check_config as check_softmax_free  # it imports this module
 
@@ -283,11 +317,11 @@ def check_config(config: dict) -> None:
             if bad:
                 raise ConfigError(f"{where}.extract.{key}: {bad} outside the model's {size} {key}; "
                                   f"allowed: 0..{size - 1}")
-            if m["extract"].get(key) is not None and config["prune"]["enabled"]:
+            if m["extract"].get(key) is not None and prune_settings(config, m)["enabled"]:
                 # the ablation masks heads of the whole model in the order of their Haar entropies
                 raise ConfigError(f"{where}.extract.{key}: the prune stage ranks every head of the model by its "
                                   f"Haar entropy, so it needs every head stored; allowed: null, or set "
-                                  "prune.enabled: false")
+                                  f"prune.enabled: false (for this model: {where}.prune: {{enabled: false}})")
         top = ent["head_top_k"]
         if n * n < top:
             raise ConfigError(f"entropy.head_top_k: {top} exceeds the {n} x {n} = {n * n} bi-Haar "

@@ -775,3 +775,11 @@ def test_workflow_prune_outputs_and_reruns(clean_run):
     assert planned_jobs(snakemake(clean_run, TINY, "-n", "--forcerun", "prune")) == {"prune": 3} | after_prune
     cfg["prune"] = {"enabled": False}
     assert planned_jobs(snakemake(clean_run, cfg, "-n", "--forcerun", "prune")) == after_prune
+    # a model's own prune section changes that model's job only, and can switch it off alone
+    cfg = copy.deepcopy(TINY)
+    lm = [m["name"] for m in cfg["models"]].index("lm")
+    cfg["models"][lm]["prune"] = {"held_out": {"hf_windows": 5}}
+    one = {"prune": 1, "explorer": 1, "explorer_index": 1, "summary": 1, "all": 1}
+    assert planned_jobs(snakemake(clean_run, cfg, "-n")) == one
+    cfg["models"][lm]["prune"] = {"enabled": False}
+    assert planned_jobs(snakemake(clean_run, cfg, "-n", "--forcerun", "prune")) == after_prune | {"prune": 2}

@@ -176,3 +176,35 @@ def test_gguf_models_and_selections_that_work(config, tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file")
     with pytest.raises(ValueError, match="not a GGUF file"):
         gguf_metadata(tmp_path / "bad.gguf", ["general.architecture"])
+
+
+# -- a model's own prune section ----------------------------------------------------------
+def test_a_models_prune_section_is_merged_over_the_top_level_one(config):
+    config["prune"] = {"random_seeds": 4, "held_out": {"hf_windows": 10, "txl_segments": 7}}
+    config["models"][2]["prune"] = {"held_out": {"hf_windows": 3}, "fraction_step": "0.25"}
+    validate_config(config, SCHEMA)
+    from oattn_lib.config import prune_settings
+    own = prune_settings(config, config["models"][2])
+    # the model's keys win, nested dicts are merged, the rest is the top level's (defaults included)
+    assert own["held_out"] == {"hf_windows": 3, "txl_segments": 7, "vit_images": 300}
+    assert own["fraction_step"] == 0.25 and own["random_seeds"] == 4 and own["enabled"] is True
+    assert prune_settings(config, config["models"][0]) == config["prune"]
+    assert config["prune"]["held_out"]["hf_windows"] == 10
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (lambda c: c["models"][2].update(prune={"held_out": {"hf_window": 3}}),
+     "models[2] (minilm).prune.held_out: Additional properties are not allowed ('hf_window'"),
+    (lambda c: c["models"][1].update(prune={"fraction_step": 2}), "models[1] (vit-tiny).prune.fraction_step: 2.0 is greater than the maximum of 1"),
+    (lambda c: c["models"][2].update(prune=[1]), "models[2].prune: [1] is not of type 'object'"),
+])
+def test_a_bad_model_prune_section_names_the_model(config, edit, expect):
+    assert_one_line_error(config, edit, expect)
+
+
+def test_a_subset_store_needs_only_its_own_model_pruning_off(config):
+    config["models"][2]["extract"]["layers"] = [0, 1]
+    assert_one_line_error(copy.deepcopy(config), lambda c: None, "models[2] (minilm).extract.layers")
+    config["models"][2]["prune"] = {"enabled": False}
+    validate_config(config, SCHEMA)
+    assert config["prune"]["enabled"] is True

@@ -12,12 +12,15 @@ import re
 from snakemake.settings.types import RerunTrigger
 
 from oattn_lib import softmax_free
+from oattn_lib.config import prune_settings
 from oattn_lib.fingerprint import code_fingerprint
 from oattn_lib.models.files import is_gguf_model, resolve_hf
 
 R = config["results"]
 # the config's models: every rule, the tables, figures and summary
 MODELS = {m["name"]: m for m in config["models"]}
+# each model's head-ablation settings: the top-level `prune`, or the model's own `prune` merged over it
+PRUNE = {name: prune_settings(config, m) for name, m in MODELS.items()}
 # the softmax-free experiment's runs (softmax_free.smk), generated from the config: models
 # named softmax_free/<model>/<attention>/seed<k>, stored under results/<that name>/, trained
 # by softmax_free_train and analysed by the extract, organize, decompose and entropy rules
@@ -190,7 +193,7 @@ def all_targets():
     out = [f"{R}/summary.md", f"{R}/explorer.html"]
     for name in MODELS:
         out += [f"{R}/{name}/figures/{f}.png" for f in FIGURES]
-        if config["prune"]["enabled"]:
+        if PRUNE[name]["enabled"]:
             out += [f"{R}/{name}/figures/fig7.png", f"{R}/{name}/tables/table3.md", f"{R}/{name}/tables/table4.md"]
     # the softmax-free experiment (softmax_free.smk): when enabled, and once it has been run,
     # so that the report keeps its Table 5
@@ -301,7 +304,7 @@ def summary_inputs(wildcards):
         inputs[f"table2csv_{name}"] = f"{R}/{name}/tables/table2.csv"
         inputs[f"entropy_{name}"] = ENTROPY.format(model=name)
         inputs[f"temperature_{name}"] = f"{R}/{name}/figures/temperature.json"
-        if config["prune"]["enabled"]:
+        if PRUNE[name]["enabled"]:
             inputs[f"table3_{name}"] = f"{R}/{name}/tables/table3.md"
             inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"
             inputs[f"table3csv_{name}"] = f"{R}/{name}/tables/table3.csv"
@@ -318,7 +321,7 @@ def explorer_inputs(wildcards):
         "table1": f"{R}/{wildcards.model}/tables/table1.csv",
         "table2": f"{R}/{wildcards.model}/tables/table2.csv",
     }
-    if config["prune"]["enabled"]:
+    if PRUNE[wildcards.model]["enabled"]:
         inputs |= {
             "table3": f"{R}/{wildcards.model}/tables/table3.csv",
             "table4": f"{R}/{wildcards.model}/tables/table4.csv",

@@ -37,7 +37,7 @@ rule prune:
         **GPU_RESOURCES,
     params:
         model=prune_model_params,
-        prune={k: v for k, v in config["prune"].items() if k != "enabled"},
+        prune=lambda wildcards: {k: v for k, v in PRUNE[wildcards.model].items() if k != "enabled"},
         device=config["device"],
         code=code_version("prune"),
     script:
