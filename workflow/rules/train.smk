@@ -20,7 +20,11 @@ rule train:
         f"{R}/benchmarks/{{model}}/train.tsv"
     conda:
         "../../envs/oattn.yaml"
-    threads: 2
+    # one thread (2 gave the tiny models 1.1-1.2x on 2 cores, and held both cores): training
+    # runs beside the other models' jobs; first among ready jobs, as it starts the longest chain
+    # (train, extract, organize, decompose, ...). More: --set-threads train=N.
+    threads: 1
+    priority: 10
     resources:
         **GPU_RESOURCES,
     params:
