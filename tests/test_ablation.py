@@ -359,6 +359,22 @@ def test_attention_entropy_and_confidence():
     np.testing.assert_allclose(ab.attention_entropy(causal), np.log(np.arange(1, 5)).mean())
 
 
+def test_attention_scores_are_per_head_whatever_the_block_of_heads():
+    # (layer, head, query, key) float32, reduced in float64 a block of heads at a time: a block
+    # boundary inside a layer, or a block of one head, gives every head its own value
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.ones(12), size=(3, 5, 12)).astype(np.float32)
+    p[1, 2, :, 6:] = 0.0
+    ref_ent = np.array([[ab._entropy_rows(p[i, j].astype(np.float64)) for j in range(5)] for i in range(3)])
+    ref_conf = p.astype(np.float64).max(-1).mean(-1)
+    for block in (1, 4, 15, 100):
+        ent = ab._per_head(p, ab._entropy_rows, chunk_bytes=block * 12 * 12 * 8)
+        np.testing.assert_allclose(ent, ref_ent, rtol=1e-12)
+        np.testing.assert_allclose(ab._per_head(p, lambda b: b.max(-1).mean(-1), chunk_bytes=block * 12 * 12 * 8),
+                                   ref_conf, rtol=1e-12)
+    np.testing.assert_allclose(ab.attention_entropy(p), ref_ent, rtol=1e-12)
+
+
 def test_orders_and_masks():
     assert ab.lowest_first([[3.0, 1.0], [2.0, 1.0]]).tolist() == [1, 3, 2, 0]  # ties by index
     np.testing.assert_array_equal(ab.mask_counts(16, 0.1), [0, 2, 3, 5, 6, 8, 10, 11, 13, 14, 16])

@@ -128,6 +128,17 @@ def test_missing_variable_and_missing_store_are_named(tmp_path):
         store.read_store(tmp_path / "s.zarr", require=("scores",))
 
 
+def test_reading_some_variables_leaves_the_others_out(tmp_path):
+    ds = xr.Dataset({"scores": (("q", "k"), np.ones((2, 3))), "probs": (("q", "k"), np.full((2, 3), 0.5)),
+                     "allowed": ("q", [True, False])}, coords={"token": ("q", [7, 9])})
+    store.write_store(ds, tmp_path / "s.zarr")
+    got = store.read_store(tmp_path / "s.zarr", require=("probs",), variables=("probs",))
+    assert set(got.data_vars) == {"probs"} and got["token"].values.tolist() == [7, 9]
+    assert got["probs"].values.tolist() == [[0.5] * 3] * 2
+    with pytest.raises(StoreError, match=r"variable 'logits' is missing"):
+        store.read_store(tmp_path / "s.zarr", require=("logits",), variables=("probs",))
+
+
 def test_stale_temporaries_are_never_trusted_and_are_cleaned(tmp_path):
     # a killed writer leaves a temporary sibling; the final path does not exist
     stale = tmp_path / ".s.zarr.tmp-deadbeef"

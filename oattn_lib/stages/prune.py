@@ -90,15 +90,25 @@ def _load(kind: str, model_cfg: dict, meta: dict, checkpoint, dev):
     return net, None, head_layout(net, kind)
 
 
-def _read_samples(attention_stores: list, entropy_store) -> tuple[list, np.ndarray]:
-    """The extracted samples' attention stores and their Haar entropies (sample, layer, head)."""
-    attention = [store.read_store(p, require=("probs",), finite=("probs",)) for p in attention_stores]
+def _read_samples(attention_stores: list, entropy_store) -> tuple[list, np.ndarray, dict]:
+    """The extracted samples (their attention stores' tokens, coordinates and attributes, without
+    the attention itself), their Haar entropies (sample, layer, head) and the attention-based
+    scores of each sample (ranking -> (sample, layer, head)). One store's probabilities are in
+    memory at a time (1.1 GB for 270 heads at 1024 tokens)."""
+    attention, stats = [], {ATTN_ENTROPY: [], CONFIDENCE: []}
+    for p in attention_stores:
+        ds = store.read_store(p, require=("probs",), finite=("probs",), variables=("probs",))
+        probs = ds["probs"].transpose("layer", "head", "query", "key").values
+        stats[ATTN_ENTROPY].append(attention_entropy(probs))
+        stats[CONFIDENCE].append(attention_confidence(probs))
+        attention.append(ds.drop_vars("probs"))
+        del probs, ds
     ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
     haar = ent["head_entropy"].transpose("sample", "layer", "head").values.astype(np.float64)
     if haar.shape[0] != len(attention):
         raise ValueError(f"entropy store has {haar.shape[0]} samples but {len(attention)} attention stores "
                          "were given")
-    return attention, haar
+    return attention, haar, {k: np.stack(v) for k, v in stats.items()}
 
 
 def _ranking_samples(kind: str, model_cfg: dict, attention: list, arrays: dict, meta: dict):
@@ -211,15 +221,13 @@ def _held_out(kind: str, model_cfg: dict, net, tok, layout, arrays: dict, meta: 
 
 
 # -- the study ----------------------------------------------------------------------------------
-def _scores(net, layout, samples: HeldOut, attention: list, haar: np.ndarray, grad_projections: int,
+def _scores(net, layout, samples: HeldOut, attn_stats: dict, haar: np.ndarray, grad_projections: int,
             seed: int, batch_size: int) -> tuple[dict, dict]:
     """Per-sample scores (sample, layer, head) and the mean scores (layer, head) the orders sort,
     of every ranking but random; low = masked first."""
-    probs = [a["probs"].transpose("layer", "head", "query", "key").values for a in attention]
     grad = gradient_importance(net, layout, samples, grad_projections, seed, batch_size)
     per_sample = {HAAR_LOW: haar, HAAR_HIGH: -haar, GRADIENT: normalize_per_layer(grad),
-                  ATTN_ENTROPY: np.stack([attention_entropy(p) for p in probs]),
-                  CONFIDENCE: np.stack([attention_confidence(p) for p in probs])}
+                  ATTN_ENTROPY: attn_stats[ATTN_ENTROPY], CONFIDENCE: attn_stats[CONFIDENCE]}
     mean_scores = {HAAR_LOW: haar.mean(0), HAAR_HIGH: -haar.mean(0),
                    GRADIENT: normalize_per_layer(grad.mean(0)),
                    ATTN_ENTROPY: per_sample[ATTN_ENTROPY].mean(0), CONFIDENCE: per_sample[CONFIDENCE].mean(0)}
@@ -267,7 +275,7 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
     dev = resolve_device(device)
     meta = json.loads(Path(data_meta).read_text())
     arrays = load_npz(data_npz) if kind != "hf" else {}
-    attention, haar = _read_samples(attention_stores, entropy_store)
+    attention, haar, attn_stats = _read_samples(attention_stores, entropy_store)
     net, tok, layout = _load(kind, model_cfg, meta, checkpoint, dev)
     if haar.shape[1:] != layout.shape:
         raise ValueError(f"entropy store has {haar.shape[1:]} (layer, head), the model {layout.shape}")
@@ -275,7 +283,7 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
 
     samples, used = _ranking_samples(kind, model_cfg, attention, arrays, meta)
     data = _held_out(kind, model_cfg, net, tok, layout, arrays, meta, samples, used, held_out, rng, batch_size)
-    per_sample, mean_scores = _scores(net, layout, samples, attention, haar, grad_projections, seed, batch_size)
+    per_sample, mean_scores = _scores(net, layout, samples, attn_stats, haar, grad_projections, seed, batch_size)
     n_units = layout.n_layer * layout.n_head
     orders = _orders(mean_scores, n_units, random_seeds, seed)
     ks = mask_counts(n_units, fraction_step)
