@@ -17,7 +17,7 @@ from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
 from ..trees import random_tree
 from ..units import resolve_unit
-from .common import load_network, load_organization, model_mask, network_tensor, plain, unit_coords
+from .common import load_organization, model_mask, network_array
 
 log = logging.getLogger("oattn")
 
@@ -32,15 +32,26 @@ def _figure_units(figure_heads, layers, heads) -> list[tuple[int, int]]:
         raise ValueError(f"decompose.figure_heads: {exc}") from None
 
 
+def _head(ds, name: str, layer: int, head: int, crop) -> np.ndarray:
+    """One head (query, key) of a variable of a lazily opened attention store, cropped."""
+    v = ds[name].sel(layer=layer, head=head).transpose("query", "key")
+    if crop is not None:
+        v = v.isel(query=slice(int(crop[0]), int(crop[1])), key=slice(int(crop[0]), int(crop[1])))
+    return np.asarray(v.values)
+
+
 def decompose(attention_store, organized_store, out, quantity: str, crop=None,
               *, figure_heads, questionnaire2d_iters: int, random_tree_seeds: int,
               config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
     2-D organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6). The Haar
     expansions run on the device `device` resolves to (`runtime.resolve_device`)."""
-    ds, x = load_network(attention_store, quantity, crop)
+    attrs, coords, a = network_array(attention_store, quantity, crop)
+    # the figure heads are read one at a time from the store (one chunk per head): the whole
+    # store is 2 x 1.1 GB for 270 heads at 1024 tokens
+    ds = store.read_store(attention_store, require=("scores",), lazy=True)
     org, ods = load_organization(organized_store)
-    xv = torch.from_numpy(plain(x)).to(resolve_device(device))
+    xv = torch.from_numpy(a).to(resolve_device(device))
     c2 = bihaar(xv, org.tree_q, org.tree_k)
     c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h)
     (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
@@ -50,14 +61,18 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         cr = trihaar(xv, *(random_tree(n, rng) for n in xv.shape))
         rand_l1.append(float(cr.abs().double().sum()))
         rand_ratio.append(float(l1_over_l2(cr.reshape(-1), 0)))
+    del xv
     units = _figure_units(figure_heads, ds["layer"].values, ds["head"].values)
     fig = {k: [] for k in ("original", "organized3d", "organized2d", "exact", "approx", "residual")}
     rel, rel_unorg, orders = [], [], []
     # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed
-    logits = network_tensor(ds, "scores", crop)
+    position = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(coords["unit_layer"][1], coords["unit_head"][1]))}
     for layer, head in units:
-        f = plain(x.sel(layer=layer, head=head))
-        g = plain(logits.sel(layer=layer, head=head)).astype(np.float64)
+        f = a[:, :, position[(int(layer), int(head))]]
+        g = _head(ds, "scores", layer, head, crop).astype(np.float64)
+        if not np.isfinite(g).all():
+            raise store.StoreError(f"{attention_store}: variable 'scores' contains NaN or inf (layer {layer}, "
+                                   f"head {head})")
         tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
         # a causal head is compared with the model's own masked softmax (SPEC 5)
         allowed = model_mask(ds, layer, head, g, crop)
@@ -90,10 +105,11 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
          "fig_col_order": (("fig_head", "col"), np.array([o[1] for o in orders], dtype=np.int64)),
          "fig_rel_residual": ("fig_head", np.array(rel)),
          "fig_rel_residual_unorganized": ("fig_head", np.array(rel_unorg))},
-        coords={**unit_coords(x), "fig_layer": ("fig_head", [u[0] for u in units]),
+        coords={k: v for k, v in coords.items() if k not in ("query", "key")} | {
+                "fig_layer": ("fig_head", [u[0] for u in units]),
                 "fig_head_index": ("fig_head", [u[1] for u in units])},
-        attrs={**{k: v for k, v in ds.attrs.items() if k in ("model", "sample", "kind")},
-               **store.provenance_attrs(config_slice or {}, ds.attrs.get("checkpoint_sha256"), code=code,
+        attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind")},
+               **store.provenance_attrs(config_slice or {}, attrs.get("checkpoint_sha256"), code=code,
                                         quantity=quantity)})
     store.write_store(out_ds, out)
     log.info("decomposed: network l1 %.4g (random trees %.4g); paraproduct residual %s (unorganized %s)",

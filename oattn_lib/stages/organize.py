@@ -8,7 +8,7 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import questionnaire3d
-from .common import load_network, on_device, plain, unit_coords
+from .common import network_array, on_device
 
 log = logging.getLogger("oattn")
 
@@ -20,8 +20,9 @@ def organize(attention_store, out, quantity: str, crop=None, params: dict | None
     """Run the 3-D questionnaire on one sample and store trees and affinities (SPEC 3.2), on the
     device `device` resolves to (`runtime.resolve_device`)."""
     params = dict(params or {})
-    ds, x = load_network(attention_store, quantity, crop)
-    org = questionnaire3d(on_device(plain(x), device), **params)
+    attrs, coords, a = network_array(attention_store, quantity, crop)
+    org = questionnaire3d(on_device(a, device), **params)
+    del a
     out_ds = xr.Dataset(
         {"tree_q": (("level_q", "query"), org.tree_q.labels),
          "tree_k": (("level_k", "key"), org.tree_k.labels),
@@ -29,9 +30,9 @@ def organize(attention_store, out, quantity: str, crop=None, params: dict | None
          "affinity_q": (("query", "query_"), org.affinity_q.astype(np.float32)),
          "affinity_k": (("key", "key_"), org.affinity_k.astype(np.float32)),
          "affinity_h": (("unit", "unit_"), org.affinity_h.astype(np.float32))},
-        coords={"query": x["query"].values, "key": x["key"].values, **unit_coords(x)},
-        attrs={**{k: v for k, v in ds.attrs.items() if k in ("model", "sample", "kind", "checkpoint_sha256")},
-               **store.provenance_attrs(config_slice or {}, ds.attrs.get("checkpoint_sha256"), code=code,
+        coords=coords,
+        attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind", "checkpoint_sha256")},
+               **store.provenance_attrs(config_slice or {}, attrs.get("checkpoint_sha256"), code=code,
                                         quantity=quantity)})
     store.write_store(out_ds, out)
     log.info("organized: levels q=%d k=%d h=%d", org.tree_q.n_levels, org.tree_k.n_levels, org.tree_h.n_levels)
