@@ -16,7 +16,8 @@ from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["network_tensor", "unit_coords", "plain", "on_device", "load_network", "network_array", "load_organization",
+__all__ = ["network_tensor", "unit_coords", "plain", "on_device", "load_network", "network_array", "head_array",
+           "load_organization",
            "model_mask", "softmax_heads"]
 
 
@@ -82,6 +83,19 @@ def network_array(attention_store, quantity, crop) -> tuple[dict, dict, np.ndarr
     coords = {"query": x["query"].values, "key": x["key"].values, **unit_coords(x)}
     a = plain(x)
     return dict(ds.attrs), coords, a
+
+
+def head_array(ds: xr.Dataset, name: str, layer: int, head: int, crop=None, where="") -> np.ndarray:
+    """One head (query, key) of variable `name` of an attention store, cropped like the network
+    tensor; from a lazily opened store (`store.read_store(..., lazy=True)`) only that head's
+    chunk is read. NaN or inf is an error naming the store, variable and head."""
+    v = ds[name].sel(layer=layer, head=head).transpose("query", "key")
+    if crop is not None:
+        v = v.isel(query=slice(int(crop[0]), int(crop[1])), key=slice(int(crop[0]), int(crop[1])))
+    a = np.asarray(v.values)
+    if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+        raise store.StoreError(f"{where}: variable {name!r} contains NaN or inf (layer {layer}, head {head})")
+    return a
 
 
 def load_organization(path):

@@ -17,7 +17,7 @@ from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
 from ..trees import random_tree
 from ..units import resolve_unit
-from .common import load_organization, model_mask, network_array
+from .common import head_array, load_organization, model_mask, network_array
 
 log = logging.getLogger("oattn")
 
@@ -30,14 +30,6 @@ def _figure_units(figure_heads, layers, heads) -> list[tuple[int, int]]:
         return [resolve_unit(layer, head, layers, heads) for layer, head in figure_heads]
     except ValueError as exc:
         raise ValueError(f"decompose.figure_heads: {exc}") from None
-
-
-def _head(ds, name: str, layer: int, head: int, crop) -> np.ndarray:
-    """One head (query, key) of a variable of a lazily opened attention store, cropped."""
-    v = ds[name].sel(layer=layer, head=head).transpose("query", "key")
-    if crop is not None:
-        v = v.isel(query=slice(int(crop[0]), int(crop[1])), key=slice(int(crop[0]), int(crop[1])))
-    return np.asarray(v.values)
 
 
 def decompose(attention_store, organized_store, out, quantity: str, crop=None,
@@ -69,10 +61,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     position = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(coords["unit_layer"][1], coords["unit_head"][1]))}
     for layer, head in units:
         f = a[:, :, position[(int(layer), int(head))]]
-        g = _head(ds, "scores", layer, head, crop).astype(np.float64)
-        if not np.isfinite(g).all():
-            raise store.StoreError(f"{attention_store}: variable 'scores' contains NaN or inf (layer {layer}, "
-                                   f"head {head})")
+        g = head_array(ds, "scores", layer, head, crop, where=attention_store).astype(np.float64)
         tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
         # a causal head is compared with the model's own masked softmax (SPEC 5)
         allowed = model_mask(ds, layer, head, g, crop)

@@ -17,7 +17,7 @@ from ..temperature import (
     residual_curve,
     temperature_grid,
 )
-from .common import load_organization, model_mask, network_tensor, plain
+from .common import head_array, load_organization, model_mask
 
 log = logging.getLogger("oattn")
 
@@ -69,7 +69,8 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     vals = []
     k6 = min(trihaar_samples, len(decomposed_stores))
     for path in decomposed_stores[:k6]:
-        d = store.read_store(path, require=("trihaar",))
+        d = store.read_store(path, require=("trihaar",), variables=("trihaar", *(f"{v}_{a}" for v in ("support", "level")
+                                                                             for a in "qkh")))
         idx = coarsest([d["support_q"].values, d["support_k"].values, d["support_h"].values],
                        [d["level_q"].values, d["level_k"].values, d["level_h"].values],
                        min(trihaar_top_k, d["trihaar"].size))
@@ -92,12 +93,12 @@ def _temperature(model_name, attention_stores, decomposed_stores, outs, n_taus, 
     rows, heads, n_masked = [], None, 0
     for s, (apath, dpath) in enumerate(zip(attention_stores, decomposed_stores)):
         dec = store.read_store(dpath, require=("fig_row_order", "fig_col_order"))
-        att = store.read_store(apath, require=("scores", "probs"), finite=("scores", "probs"))
-        logits = network_tensor(att, "scores", crop)
+        # one head at a time from the store (a store of 270 heads at 1024 tokens is 2.3 GB)
+        att = store.read_store(apath, require=("scores", "probs"), lazy=True)
         units = list(zip(dec["fig_layer"].values.tolist(), dec["fig_head_index"].values.tolist()))
         heads = heads or units
         for j, (layer, head) in enumerate(units):
-            g = plain(logits.sel(layer=layer, head=head)).astype(np.float64)
+            g = head_array(att, "scores", layer, head, crop, where=apath).astype(np.float64)
             r, c = dec["fig_row_order"].values[j], dec["fig_col_order"].values[j]
             allowed = model_mask(att, layer, head, g, crop)
             n_masked += 0 if allowed is None else int((~allowed).sum())
