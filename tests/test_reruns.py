@@ -91,7 +91,7 @@ def test_readme_commands_are_found():
     cmds = readme_commands((REPO / "README.md").read_text())
     text = " ".join(c for c, _ in cmds)
     for needle in ("entropy='{head_top_k: 100}'", "organize='{n_iters: 2}'", "softmax_free",
-                   "--rerun-triggers mtime params input", "workflow/profiles/slurm"):
+                   "--rerun-triggers mtime params input", "workflow/profiles/slurm", "workflow/presets/llm.yaml"):
         assert needle in text
     claims = dict(cmds)
     assert claims["snakemake -n"] == set()
@@ -115,6 +115,11 @@ def test_readme_command_runs_and_plans_what_the_readme_says(project, command, cl
         assert models and all(m.startswith("softmax_free/") for m in models), models
     if "workflow/presets/paper.yaml" in command:
         assert {"train", "extract", "organize", "decompose"} <= set(planned)
+    if "workflow/presets/llm.yaml" in command:
+        # one GGUF model, dequantised once, 10 samples of 1024 tokens, nothing trained
+        assert planned.get("prepare_model") == 1 and "train" not in planned
+        assert planned["extract"] == planned["organize"] == planned["decompose"] == 10
+        assert "results/llm/smollm2/attention/sample9.zarr" in out
 
 
 def test_changed_n_iters_reruns_organize_and_after_never_training(project):

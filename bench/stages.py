@@ -1,0 +1,90 @@
+"""Wall time, CPU time and peak memory per stage of a finished workflow run.
+
+Reads the benchmark files Snakemake wrote for every job (`<results>/benchmarks/**.tsv`, the
+rules' `benchmark:` directive: wall seconds `s`, `cpu_time`, peak resident set `max_rss` in
+MB) and prints, per model and rule, the number of jobs, their total and largest wall time,
+total CPU time and the largest peak RSS, as a Markdown table (the README's per-stage table of
+the LLM preset is this output) and, with --json, one JSON object per row.
+
+    python bench/stages.py results/llm
+    python bench/stages.py results --json
+
+A job's file is `benchmarks/<model>/<rule>[_sample<k>].tsv`; the rule is the file name
+without its `_sample<k>` suffix. Files elsewhere under benchmarks/ (softmax_free/...) keep
+their directory as the model.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+_SAMPLE = re.compile(r"_sample\d+$")
+
+
+def read_benchmarks(results: Path) -> dict[tuple[str, str], list[dict]]:
+    """{(model, rule): [one dict per job: s, cpu_time, max_rss]} from results/benchmarks."""
+    root = results / "benchmarks"
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no benchmarks (run the workflow with --results {results} first)")
+    rows: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for path in sorted(root.rglob("*.tsv")):
+        with path.open() as fh:
+            records = list(csv.DictReader(fh, delimiter="\t"))
+        if not records:
+            raise ValueError(f"{path}: an empty benchmark file")
+        rec = records[-1]
+        try:
+            job = {k: float(rec[k]) if rec[k] not in ("", "NA", "-") else float("nan")
+                   for k in ("s", "cpu_time", "max_rss")}
+        except KeyError as exc:
+            raise ValueError(f"{path}: no column {exc} (not a Snakemake benchmark file)") from None
+        rel = path.relative_to(root)
+        model = "/".join(rel.parts[:-1]) or "-"
+        rows[(model, _SAMPLE.sub("", path.stem))].append(job)
+    return rows
+
+
+def summarise(rows: dict[tuple[str, str], list[dict]]) -> list[dict]:
+    out = []
+    for (model, rule), jobs in sorted(rows.items()):
+        out.append({"model": model, "rule": rule, "jobs": len(jobs),
+                    "wall_s": round(sum(j["s"] for j in jobs), 1),
+                    "wall_max_s": round(max(j["s"] for j in jobs), 1),
+                    "cpu_s": round(sum(j["cpu_time"] for j in jobs), 1),
+                    "peak_rss_mb": round(max(j["max_rss"] for j in jobs))})
+    return out
+
+
+def markdown(table: list[dict]) -> str:
+    lines = ["| model | stage | jobs | wall, total (s) | wall, largest job (s) | CPU (s) | peak RSS (MB) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['model']} | {r['rule']} | {r['jobs']} | {r['wall_s']:g} | {r['wall_max_s']:g} "
+                     f"| {r['cpu_s']:g} | {r['peak_rss_mb']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path, help="the run's results directory (config key `results`)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
+    args = ap.parse_args(argv)
+    table = summarise(read_benchmarks(args.results))
+    if args.json:
+        for row in table:
+            print(json.dumps(row))
+    else:
+        print(markdown(table))
+        print(f"\n{sum(r['jobs'] for r in table)} jobs, wall time summed over jobs "
+              f"{sum(r['wall_s'] for r in table):.0f} s, CPU {sum(r['cpu_s'] for r in table):.0f} s, "
+              f"largest peak RSS {max(r['peak_rss_mb'] for r in table)} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""bench/stages.py: the per-stage table the README quotes for the LLM preset, from the
+benchmark files Snakemake writes (one per job)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_stages", REPO / "bench" / "stages.py")
+stages = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stages)
+
+HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+
+
+def _bench(path: Path, s: float, rss: float, cpu: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEADER + f"{s}\t0:00:00\t{rss}\t1\t1\t1\t0\t0\t50\t{cpu}\n")
+
+
+def test_jobs_of_a_rule_are_summed_and_their_peak_is_the_largest(tmp_path, capsys):
+    b = tmp_path / "benchmarks"
+    _bench(b / "lm" / "organize_sample0.tsv", 10.0, 900.0, 18.0)
+    _bench(b / "lm" / "organize_sample1.tsv", 30.0, 2900.0, 55.0)
+    _bench(b / "lm" / "organize_sample12.tsv", 20.0, 1500.0, 39.0)
+    _bench(b / "lm" / "entropy.tsv", 4.0, 700.0, 3.0)
+    _bench(b / "softmax_free" / "vit" / "tensor" / "seed0" / "train.tsv", 7.0, 300.0, 7.0)
+    table = {(r["model"], r["rule"]): r for r in stages.summarise(stages.read_benchmarks(tmp_path))}
+    org = table[("lm", "organize")]
+    assert (org["jobs"], org["wall_s"], org["wall_max_s"], org["cpu_s"], org["peak_rss_mb"]) == (3, 60.0, 30.0, 112.0,
+                                                                                                 2900)
+    assert table[("lm", "entropy")]["jobs"] == 1
+    assert table[("softmax_free/vit/tensor/seed0", "train")]["peak_rss_mb"] == 300
+    assert stages.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| lm | organize | 3 | 60 | 30 | 112 | 2900 |" in out
+    assert "5 jobs" in out and "largest peak RSS 2900 MB" in out
+
+
+def test_a_file_that_is_not_a_benchmark_is_named(tmp_path):
+    p = tmp_path / "benchmarks" / "lm" / "extract_sample0.tsv"
+    p.parent.mkdir(parents=True)
+    p.write_text("a\tb\n1\t2\n")
+    with pytest.raises(ValueError, match=r"extract_sample0\.tsv: no column 's'"):
+        stages.read_benchmarks(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no benchmarks"):
+        stages.read_benchmarks(tmp_path / "elsewhere")
