@@ -18,13 +18,13 @@ rule train:
         f"{R}/logs/{{model}}/train.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/train.tsv"
+    # first among ready jobs: training starts the longest chain (train, extract, organize, ...)
+    priority: 10
     conda:
         "../../envs/oattn.yaml"
     # one thread (2 gave the tiny models 1.1-1.2x on 2 cores, and held both cores): training
-    # runs beside the other models' jobs; first among ready jobs, as it starts the longest chain
-    # (train, extract, organize, decompose, ...). More: --set-threads train=N.
+    # runs beside the other models' jobs. More: --set-threads train=N.
     threads: 1
-    priority: 10
     resources:
         **GPU_RESOURCES,
     params:
