@@ -158,10 +158,11 @@ def analysis_params(wildcards):
 
 
 def extraction_params(wildcards):
-    """What extraction reads: the model, not the analysed quantity (both are stored)."""
+    """What extraction reads: the model, not the analysed quantity (both are stored) nor its
+    head-ablation settings (the prune rule's own params)."""
     m = ANALYSED[wildcards.model]
     ex = {k: v for k, v in m["extract"].items() if k not in ("quantity", "crop")}
-    return {**{k: v for k, v in m.items() if k != "extract"}, "extract": ex}
+    return {**{k: v for k, v in m.items() if k not in ("extract", "prune")}, "extract": ex}
 
 
 def _gpu_resources():
