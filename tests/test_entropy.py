@@ -144,3 +144,16 @@ def test_coarsest_candidate_pruning_equals_a_full_sort():
         full = np.lexsort((np.arange(total), lev.ravel(), -sup.ravel()))
         for k in {1, total // 2 or 1, total}:
             assert coarsest(sups, levs, k).tolist() == full[:k].tolist()
+
+
+def test_l1_norm_is_the_float64_sum_across_slabs(monkeypatch):
+    import torch
+
+    import oattn_lib.entropy as ent
+    rng = np.random.default_rng(5)
+    c = torch.from_numpy(rng.normal(size=(7, 5, 3)).astype(np.float32))
+    ref = float(np.abs(c.numpy().astype(np.float64)).sum())
+    for slab in (1, 4, 13, 105, 1 << 20):  # slab boundaries inside rows, at the end, beyond it
+        monkeypatch.setattr(ent, "_SLAB", slab)
+        assert ent.l1_norm(c) == pytest.approx(ref, rel=1e-12)
+    assert ent.l1_norm(torch.zeros(0)) == 0.0
