@@ -35,7 +35,10 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     summary) and `temperature_finding` (the sentence the caption includes). `crop` is the
     model's extract.crop, the window the decompose stage analysed.
     """
-    dec0 = store.read_store(decomposed_stores[0])
+    # every variable but the coefficients (1.1 GB each of bi- and tri-Haar at 1024 tokens x 270
+    # heads), whose two figure heads' columns are read below
+    dec0 = store.read_store(decomposed_stores[0], lazy=True)
+    dec0 = dec0.drop_vars(["bihaar", "trihaar"]).load().assign(bihaar=dec0["bihaar"])
     org0, _ = load_organization(organized_stores[0])
     names = [f"{int(l)}.{int(h)}" for l, h in zip(dec0["fig_layer"].values, dec0["fig_head_index"].values)]
     units = [f"{int(l)}.{int(h)}" for l, h in zip(dec0["unit_layer"].values, dec0["unit_head"].values)]
@@ -57,7 +60,7 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     for j in picks:
         u = int(np.flatnonzero((unit_layer == dec0["fig_layer"].values[j])
                                & (unit_head == dec0["fig_head_index"].values[j]))[0])
-        coeffs.append(dec0["bihaar"].values[:, :, u].ravel()[by_support])
+        coeffs.append(dec0["bihaar"].isel(unit=u).values.ravel()[by_support])
         sups.append(sup[by_support])
     bh = haar_basis(org0.tree_h)[0]
     plots.save(plots.fig4_bihaar(coeffs, sups, [names[j] for j in picks],
@@ -92,7 +95,8 @@ def _temperature(model_name, attention_stores, decomposed_stores, outs, n_taus, 
     curves = {o: [] for o in ORDERS}   # per (head, sample): (T,), random (n_random, T)
     rows, heads, n_masked = [], None, 0
     for s, (apath, dpath) in enumerate(zip(attention_stores, decomposed_stores)):
-        dec = store.read_store(dpath, require=("fig_row_order", "fig_col_order"))
+        dec = store.read_store(dpath, require=("fig_row_order", "fig_col_order"),
+                               variables=("fig_row_order", "fig_col_order"))
         # one head at a time from the store (a store of 270 heads at 1024 tokens is 2.3 GB)
         att = store.read_store(apath, require=("scores", "probs"), lazy=True)
         units = list(zip(dec["fig_layer"].values.tolist(), dec["fig_head_index"].values.tolist()))
