@@ -799,3 +799,16 @@ def test_workflow_prune_outputs_and_reruns(clean_run):
     assert planned_jobs(snakemake(clean_run, cfg, "-n")) == one
     cfg["models"][lm]["prune"] = {"enabled": False}
     assert planned_jobs(snakemake(clean_run, cfg, "-n", "--forcerun", "prune")) == after_prune | {"prune": 2}
+
+
+def test_rows_per_pass_keep_the_attention_of_a_pass_within_the_budget():
+    from types import SimpleNamespace
+
+    from oattn_lib.stages.prune import _rows_per_pass
+    llm = SimpleNamespace(n_layer=30, n_head=9)
+    # SmolLM2 at 1024 tokens: 3.4 GB of attention per row, one row per pass
+    assert _rows_per_pass(64, llm, 1024) == 1
+    # at 128 tokens 53 MB per row: 40 rows fit 2 GiB, and the configured size is never exceeded
+    assert _rows_per_pass(64, llm, 128) == (2 << 30) // (30 * 9 * 128 * 128 * 12)
+    assert _rows_per_pass(16, llm, 128) == 16
+    assert _rows_per_pass(64, SimpleNamespace(n_layer=2, n_head=2), 24) == 64

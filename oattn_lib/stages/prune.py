@@ -260,6 +260,20 @@ def _curves(net, layout, data: HeldOut, orders: dict, ks: np.ndarray, batch_size
     return curves
 
 
+def _rows_per_pass(batch_size: int, layout, n_tokens: int, budget: int = 2 << 30) -> int:
+    """`batch_size` rows per forward (and backward) pass, fewer where the attention matrices of
+    that many rows would exceed `budget` bytes: scores, probabilities and their gradients of every
+    head of every layer, float32, are kept for the gradient pass (3.4 GB per row for SmolLM2's 270
+    heads at 1024 tokens, where 64 rows were 200 GB)."""
+    per_row = layout.n_layer * layout.n_head * n_tokens * n_tokens * 4 * 3
+    rows = max(1, min(batch_size, budget // max(1, per_row)))
+    if rows < batch_size:
+        log.info("prune.batch_size %d capped to %d rows per pass: %d heads x %d tokens² of attention are "
+                 "%.2f GB per row (budget %.1f GB)", batch_size, rows, layout.n_layer * layout.n_head, n_tokens,
+                 per_row / 1e9, budget / 1e9)
+    return rows
+
+
 def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention_stores: list,
           entropy_store, outs: dict, *, fraction_step: float, random_seeds: int, seed: int, held_out: dict,
           grad_projections: int, batch_size: int, tolerance: float, stability_fraction: float,
@@ -281,6 +295,7 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
         raise ValueError(f"entropy store has {haar.shape[1:]} (layer, head), the model {layout.shape}")
     rng = np.random.default_rng(seed)
 
+    batch_size = _rows_per_pass(batch_size, layout, attention[0].sizes["query"])
     samples, used = _ranking_samples(kind, model_cfg, attention, arrays, meta)
     data = _held_out(kind, model_cfg, net, tok, layout, arrays, meta, samples, used, held_out, rng, batch_size)
     per_sample, mean_scores = _scores(net, layout, samples, attn_stats, haar, grad_projections, seed, batch_size)
