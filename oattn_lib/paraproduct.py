@@ -56,7 +56,7 @@ import torch
 from ._arrays import as_tensor, back
 from .trees import balanced_tree
 
-__all__ = ["Paraproduct", "paraproduct", "telescoping_sum", "block_averages"]
+__all__ = ["Paraproduct", "block_averages", "paraproduct", "relative_residuals", "telescoping_sum"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,81 +91,117 @@ def _depth(n: int) -> int:
     return _tree_labels(n).shape[0] - 1
 
 
-def _averaging(n: int, n_levels: int, like: torch.Tensor):
-    """Stacked row-normalised membership matrices of levels 0..n_levels-1.
+class _Axis:
+    """The balanced binary tree of 0..n-1 down to level `depth` (root = level 0), as the
+    folder label of every item per level and the parent folder of every folder."""
 
-    Returns (P, labels, offsets): P is (sum of folder counts, n), the block-average
-    operators of all levels one under the other; labels[l] + offsets[l] is the row of P
-    that holds item i's folder at level l.
-    """
-    lab = np.array(_tree_labels(n)[:n_levels])
-    counts = lab.max(1) + 1
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rows = (lab + offsets[:, None]).ravel()
-    cols = np.tile(np.arange(n), n_levels)
-    p = np.zeros((int(counts.sum()), n))
-    p[rows, cols] = 1.0
-    p /= p.sum(1, keepdims=True)
-    to = dict(dtype=like.dtype, device=like.device)
-    return (torch.as_tensor(p, **to), torch.as_tensor(lab, device=like.device),
-            torch.as_tensor(offsets, device=like.device))
+    def __init__(self, n: int, depth: int, device):
+        lab = np.array(_tree_labels(n)[:depth + 1])
+        self.depth = depth
+        self.counts = (lab.max(1) + 1).tolist()
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).tolist()
+        self.labels = [torch.as_tensor(row, device=device) for row in lab]
+        parents = [np.zeros(0, dtype=np.int64)]
+        for level in range(1, depth + 1):
+            par = np.empty(self.counts[level], dtype=np.int64)
+            par[lab[level]] = lab[level - 1]
+            parents.append(par)
+        self.parents = [torch.as_tensor(par, device=device) for par in parents]
+        self.sizes = torch.as_tensor(np.concatenate([np.bincount(row) for row in lab]), device=device)
+
+    def sums(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Sums of x over the folders of every level along `dim`, levels 0..depth one after
+        the other: the finest from the items, each coarser one from the level below."""
+        def zeros(level, like):
+            shape = list(like.shape)
+            shape[dim] = self.counts[level]
+            return like.new_zeros(shape)
+
+        out = [zeros(self.depth, x).index_add_(dim, self.labels[self.depth], x)]
+        for level in range(self.depth - 1, -1, -1):
+            out.append(zeros(level, out[-1]).index_add_(dim, self.parents[level + 1], out[-1]))
+        return torch.cat(out[::-1], dim=dim)
+
+    def span(self, level: int) -> slice:
+        return slice(self.offsets[level], self.offsets[level] + self.counts[level])
 
 
-class _Scales:
-    """E_{j,j'} f for every j' of one row level j at a time, by batched products."""
+class _Blocks:
+    """The block means of f on every pair of levels (j <= jr, j' <= jc) of the balanced
+    row and column trees, one value per pair of folders (the compact form of E_{j,j'} f)."""
 
     def __init__(self, f: torch.Tensor, jr: int, jc: int):
         n, m = f.shape
-        p, self.row_lab, self.row_off = _averaging(n, jr + 1, f)
-        q, col_lab, col_off = _averaging(m, jc + 1, f)
-        # (P_stack f) Q_stack^T holds P_j f Q_{j'}^T for every (j, j') as a sub-block
-        self.compact = p @ f @ q.T
-        # gather index expanding column folders back to entries: (jc + 1, m)
-        self.col_idx = col_lab + col_off[:, None]
+        self.rows, self.cols = _Axis(n, jr, f.device), _Axis(m, jc, f.device)
+        sums = self.rows.sums(self.cols.sums(f, 1), 0)
+        size = self.rows.sizes.to(f.dtype)[:, None] * self.cols.sizes.to(f.dtype)[None, :]
+        self.compact = sums / size
 
-    def level(self, j: int) -> torch.Tensor:
-        """E_{j,j'} f for j' = 0..J_c, shape (J_c + 1, N, M)."""
-        rows = self.compact[self.row_lab[j] + self.row_off[j]]  # (N, sum of col folders)
-        return rows[:, self.col_idx].permute(1, 0, 2)
+    def block(self, a: int, b: int) -> torch.Tensor:
+        """E_{a,b} f per pair of folders: (row folders at level a, column folders at level b)."""
+        return self.compact[self.rows.span(a), self.cols.span(b)]
+
+    def expanded(self, a: int, b: int) -> torch.Tensor:
+        """E_{a,b} f, N x M."""
+        return self.block(a, b)[self.rows.labels[a]][:, self.cols.labels[b]]
 
 
-def _stabiliser(scales: _Scales, jr: int) -> torch.Tensor:
-    """s_i = the largest exponent E_{j,j'} f[i, k] over every scale pair used and every k.
+def _approximation(blocks: _Blocks, tau: float = 1.0):
+    """Paraproduct approximation of exp(tau f), row i scaled by exp(-s_i); returns (sum, s).
 
-    The compact block means hold every E_{j,j'} f as one value per pair of folders, so
-    the maximum over a row folder's column folders, taken over the row's folders at
-    every level, is the maximum over all its terms.
+    Every term exp(E_{j,j'} f) of row i is multiplied by exp(-s_i), s_i the largest
+    exponent among the row's terms (see the module docstring), so no exponential exceeds 1
+    and the sum is diag(exp(-s)) times the approximation of exp(f).
+
+    Each term is constant on the blocks of one pair of levels: the mixed term of (j, j')
+    and the one-dimensional ones ending there live on the folders of levels (j + 1, j' + 1).
+    So every term is computed once per pair of folders, and the sum is expanded level by
+    level: along the columns from each level to the next finer one, then along the rows.
+    The row factor is applied per row folder, sigma = the largest exponent of the folder
+    and its ancestors, and corrected by exp(sigma(parent) - sigma(child)) <= 1 on the way
+    down, which ends at exp(-s_i) on every row. Work: about 4 N M entries in all (a dense
+    sum over every scale pair is N M (J_r + 1)(J_c + 1)).
     """
-    per_folder = scales.compact.amax(1)   # one value per row folder, over all column folders
-    rows = [per_folder[scales.row_lab[j] + scales.row_off[j]] for j in range(jr + 1)]
-    return torch.stack(rows).amax(0)
+    rows, cols = blocks.rows, blocks.cols
+    jr, jc = rows.depth, cols.depth
 
+    def e(a, b):
+        return tau * blocks.block(a, b)
 
-def _approximation(f: torch.Tensor, jr: int, jc: int):
-    """Paraproduct approximation of exp(f), row i scaled by exp(-s_i); returns (sum, s).
+    per_folder = tau * blocks.compact.amax(1)  # tau > 0: the largest exponent of each row folder
+    sigma = [per_folder[rows.span(0)]]
+    for a in range(1, jr + 1):
+        sigma.append(torch.maximum(sigma[a - 1][rows.parents[a]], per_folder[rows.span(a)]))
 
-    Every term exp(E_{j,j'} f) of row i is multiplied by exp(-s_i) (see the module
-    docstring), so no exponential exceeds 1 and the sum is diag(exp(-s)) times the
-    approximation of exp(f).
-    """
-    scales = _Scales(f, jr, jc)
-    shift = _stabiliser(scales, jr)
-    s = shift[:, None]
-    e = scales.level(0)                       # E_{0,j'}
-    g = torch.exp(e - s)
-    dy = e[1:] - e[:-1]                       # Dy_{j,j'} for every j'
-    approx = g[0].clone()
-    approx += (g[:-1] * dy).sum(0)
-    for j in range(jr):
-        e1 = scales.level(j + 1)              # E_{j+1,j'}
-        dx = e1 - e                           # Dx_{j,j'} for every j'
-        approx += g[0] * dx[0]
-        # D + Dx Dy = Dx_{j,j'+1} - Dx_{j,j'} + Dx_{j,j'} Dy_{j,j'}, in fewer passes
-        approx += (g[:-1] * (dx[1:] + dx[:-1] * (dy - 1.0))).sum(0)
-        if j + 1 < jr:                        # g on the finest row level is never used
-            e, dy = e1, e1[1:] - e1[:-1]
-            g = torch.exp(e - s)
-    return approx, shift
+    def term(a, b):
+        s = sigma[a][:, None]
+        if a == 0 and b == 0:
+            return torch.exp(e(0, 0) - s)
+        if a == 0:
+            e0 = e(0, b - 1)[:, cols.parents[b]]
+            return torch.exp(e0 - s) * (e(0, b) - e0)
+        pr = rows.parents[a]
+        if b == 0:
+            e0 = e(a - 1, 0)[pr]
+            return torch.exp(e0 - s) * (e(a, 0) - e0)
+        pc = cols.parents[b]
+        e01 = e(a - 1, b)[pr]                  # E_{j, j'+1}, with j = a - 1, j' = b - 1
+        e00 = e(a - 1, b - 1)[pr][:, pc]       # E_{j, j'}
+        dx0 = e(a, b - 1)[:, pc] - e00         # Dx_{j, j'}
+        # D + Dx Dy = Dx_{j,j'+1} - Dx_{j,j'} + Dx_{j,j'} Dy_{j,j'}
+        return torch.exp(e00 - s) * ((e(a, b) - e01) + dx0 * ((e01 - e00) - 1.0))
+
+    total = None
+    for a in range(jr + 1):
+        acc = term(a, 0)
+        for b in range(1, jc + 1):
+            acc = acc[:, cols.parents[b]] + term(a, b)
+        if total is None:
+            total = acc
+        else:
+            pr = rows.parents[a]
+            total = total[pr] * torch.exp(sigma[a - 1][pr] - sigma[a])[:, None] + acc
+    return total[rows.labels[jr]][:, cols.labels[jc]], sigma[jr][rows.labels[jr]]
 
 
 def _telescoping_coefficients(jr: int, jc: int) -> np.ndarray:
@@ -250,8 +286,7 @@ def block_averages(f, row_level: int, col_level: int):
         if isinstance(lev, bool) or not isinstance(lev, (int, np.integer)) \
                 or not 0 <= lev <= _depth(size):
             raise ValueError(f"{name}: expected an integer in 0..{_depth(size)}, got {lev!r}")
-    scales = _Scales(x, int(row_level), int(col_level))
-    return back(scales.level(int(row_level))[int(col_level)], was_numpy)
+    return back(_Blocks(x, int(row_level), int(col_level)).expanded(int(row_level), int(col_level)), was_numpy)
 
 
 def telescoping_sum(f, n_scales=None):
@@ -269,14 +304,14 @@ def telescoping_sum(f, n_scales=None):
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     jr, jc = _check_scales(n_scales, *x.shape)
     coef = _telescoping_coefficients(jr, jc)
-    scales = _Scales(x, jr, jc)
+    blocks = _Blocks(x, jr, jc)
     rowmax = x.amax(1, keepdim=True)
     out = torch.zeros_like(x)
     for j, k in zip(*np.nonzero(coef)):
-        out += float(coef[j, k]) * torch.exp(scales.level(int(j))[int(k)] - rowmax)
+        out += float(coef[j, k]) * torch.exp(blocks.expanded(int(j), int(k)) - rowmax)
     if not bool(torch.isfinite(out).all()):
         row = int((~torch.isfinite(out)).any(1).nonzero()[0, 0])
-        spread = float(scales.level(jr)[jc][row].amax() - rowmax[row, 0])
+        spread = float(blocks.expanded(jr, jc)[row].amax() - rowmax[row, 0])
         raise _not_representable("the truncated telescoping sum", row, spread / np.log(10), spread)
     return back(out, was_numpy)
 
@@ -328,6 +363,38 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) 
     row_order and col_order are numpy int64 arrays.
     """
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
+    organized, mask, blocks, r, c = _prepare(x, row_order, col_order, n_scales, allowed)
+    exact, approximation, residual, rel = _softmax_parts(organized, mask, blocks)
+    return Paraproduct(organized=back(organized, was_numpy), exact=back(exact, was_numpy),
+                       approximation=back(approximation, was_numpy),
+                       residual=back(residual, was_numpy), relative_residual=rel,
+                       row_order=r, col_order=c, n_scales=(blocks.rows.depth, blocks.cols.depth))
+
+
+def relative_residuals(f, taus, row_order=None, col_order=None, n_scales=None, allowed=None) -> np.ndarray:
+    """`paraproduct(tau * f, ...).relative_residual` for every tau > 0; NaN where float64
+    cannot represent it (the ValueErrors about range that `paraproduct` raises).
+
+    The block averages of tau f are tau times those of f, so the organized head and its
+    block averages are computed once and each temperature costs a few passes over N x M.
+    Bad arguments (f, an order, n_scales, allowed, a tau <= 0) raise ValueError naming them.
+    """
+    x, _ = as_tensor(f, "f", ndim=2, dtype=torch.float64)
+    t = np.asarray(taus, dtype=np.float64)
+    if t.ndim != 1 or not (np.isfinite(t).all() and (t > 0).all()):
+        raise ValueError(f"taus: expected a 1-D array of positive finite temperatures, got {taus!r}")
+    organized, mask, blocks, _, _ = _prepare(x, row_order, col_order, n_scales, allowed)
+    out = np.full(t.size, np.nan)
+    for i, tau in enumerate(t.tolist()):
+        try:
+            out[i] = _softmax_parts(organized, mask, blocks, tau)[3]
+        except ValueError:   # _softmax_parts raises only about float64's range
+            pass
+    return out
+
+
+def _prepare(x: torch.Tensor, row_order, col_order, n_scales, allowed):
+    """Validated orders and mask, the organized head and its block averages."""
     n, m = x.shape
     r = _check_order(row_order, n, "row_order")
     c = _check_order(col_order, m, "col_order")
@@ -336,7 +403,14 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) 
     organized = x[rows][:, cols]
     mask = _check_allowed(allowed, (n, m), x.device)
     mask = None if mask is None else mask[rows][:, cols]
-    approx_scaled, shift = _approximation(organized, jr, jc)
+    return organized, mask, _Blocks(organized, jr, jc), r, c
+
+
+def _softmax_parts(organized: torch.Tensor, mask, blocks: _Blocks, tau: float = 1.0):
+    """(exact, approximation, residual, relative residual) of softmax(tau * organized)."""
+    if tau != 1.0:
+        organized = tau * organized
+    approx_scaled, shift = _approximation(blocks, tau)
     visible = organized if mask is None else organized.masked_fill(~mask, float("-inf"))
     rowmax = visible.amax(1)
     rowmax = torch.where(torch.isfinite(rowmax), rowmax, torch.zeros_like(rowmax))  # rows with nothing allowed
@@ -366,7 +440,4 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) 
     if not np.isfinite(rel):
         raise ValueError(f"f: the relative residual is not representable in float64 "
                          f"(residual norm {_norm(residual):.3g}): scale f down")
-    return Paraproduct(organized=back(organized, was_numpy), exact=back(exact, was_numpy),
-                       approximation=back(approximation, was_numpy),
-                       residual=back(residual, was_numpy), relative_residual=rel,
-                       row_order=r, col_order=c, n_scales=(jr, jc))
+    return exact, approximation, residual, rel

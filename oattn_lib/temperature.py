@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .paraproduct import paraproduct
+from .paraproduct import paraproduct, relative_residuals
 
 __all__ = ["Crossover", "attention_mask", "crossover", "geometric_mean", "relative_residual",
            "residual_curve", "temperature_grid"]
@@ -77,19 +77,11 @@ def relative_residual(logits, row_order=None, col_order=None, allowed=None) -> f
 def residual_curve(logits, taus, row_order=None, col_order=None, allowed=None) -> np.ndarray:
     """`relative_residual` of tau * logits for every tau; NaN where it is not finite.
 
-    `paraproduct` takes one 2-D head, so this is one call per tau. A ValueError about
-    float64's range (every numeric-range error of `paraproduct` and `relative_residual`
-    names it) becomes NaN; any other, such as a wrong order, is raised.
+    The organized head and its block averages are computed once for all temperatures
+    (`paraproduct.relative_residuals`). NaN marks a residual float64 cannot represent;
+    a bad argument, such as a wrong order, is raised.
     """
-    f = np.asarray(logits, dtype=np.float64)
-    out = np.full(len(taus), np.nan)
-    for i, tau in enumerate(np.asarray(taus, dtype=np.float64)):
-        try:
-            out[i] = relative_residual(tau * f, row_order, col_order, allowed)
-        except ValueError as exc:
-            if "float64" not in str(exc):
-                raise
-    return out
+    return relative_residuals(np.asarray(logits, dtype=np.float64), taus, row_order, col_order, allowed=allowed)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from scipy.ndimage import gaussian_filter
 
-from oattn_lib.paraproduct import block_averages, paraproduct, telescoping_sum
+from oattn_lib.paraproduct import block_averages, paraproduct, relative_residuals, telescoping_sum
 from oattn_lib.trees import balanced_tree
 
 SHAPES = [(1, 1), (2, 3), (7, 5), (16, 16), (197, 197)]
@@ -22,8 +22,9 @@ def _sincos(n=197, m=197):
     return np.sin(i / 20) * np.cos(j / 30)
 
 
-def _reference(f):
-    """Brute force, entry by entry and scale by scale, for small heads."""
+def _reference(f, n_scales=None):
+    """Brute force, entry by entry and scale by scale, for small heads (n_scales: (J_r, J_c)
+    refinements, default down to single entries)."""
     n, m = f.shape
     tr, tc = balanced_tree(np.arange(n)).labels, balanced_tree(np.arange(m)).labels
 
@@ -34,7 +35,7 @@ def _reference(f):
                 out[a, b] = f[np.ix_(tr[j] == tr[j, a], tc[k] == tc[k, b])].mean()
         return out
 
-    jr, jc = tr.shape[0] - 1, tc.shape[0] - 1
+    jr, jc = n_scales or (tr.shape[0] - 1, tc.shape[0] - 1)
     e = {(j, k): avg(j, k) for j in range(jr + 1) for k in range(jc + 1)}
     approx = np.exp(e[0, 0])
     for j in range(jr):
@@ -72,6 +73,35 @@ def test_matches_brute_force_reference(shape):
     np.testing.assert_allclose(paraproduct(f).approximation, approx, rtol=1e-10, atol=1e-13)
     for (j, k), avg in e.items():
         np.testing.assert_allclose(block_averages(f, j, k), avg, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("shape, n_scales", [((7, 5), (1, 2)), ((13, 9), (2, 0)), ((6, 11), (0, 3)),
+                                             ((16, 12), (3, 3))])
+def test_truncated_scales_match_brute_force_reference(shape, n_scales):
+    # the terms end at folders of the coarser levels, expanded to entries at the end
+    f = 2.0 * np.random.default_rng(8).normal(size=shape)
+    _, approx = _reference(f, n_scales)
+    np.testing.assert_allclose(paraproduct(f, n_scales=n_scales).approximation, approx, rtol=1e-10, atol=1e-13)
+
+
+def test_residuals_over_temperatures_are_the_paraproducts_of_the_scaled_head():
+    rng = np.random.default_rng(9)
+    f = 3.0 * _smooth_head(45, 38)
+    r, c = rng.permutation(45), rng.permutation(38)
+    allowed = np.tril(np.ones((45, 38), dtype=bool))
+    taus = [0.1, 0.5, 1.0, 4.0]
+    got = relative_residuals(f, taus, r, c, allowed=allowed)
+    want = [paraproduct(t * f, r, c, allowed=allowed).relative_residual for t in taus]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert got[2] == paraproduct(f, r, c, allowed=allowed).relative_residual
+    # +-800 rows: not representable at tau = 1, representable at tau = 0.5 (+-400)
+    far = relative_residuals(FAR_APART["+-800"], [0.5, 1.0])
+    assert np.isfinite(far[0]) and np.isnan(far[1])
+    for bad in ([0.0, 1.0], [-1.0], [[1.0]], [np.nan]):
+        with pytest.raises(ValueError, match="taus"):
+            relative_residuals(f, bad)
+    with pytest.raises(ValueError, match="row_order"):
+        relative_residuals(f, [1.0], row_order=np.zeros(45, dtype=int))
 
 
 def test_finest_block_average_is_the_head_and_coarsest_its_mean():
