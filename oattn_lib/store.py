@@ -162,6 +162,25 @@ def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: t
     return ds
 
 
+def _all_finite(a: np.ndarray, block: int = 1 << 24) -> bool:
+    flat = a.reshape(-1)
+    return all(bool(np.isfinite(flat[i:i + block]).all()) for i in range(0, flat.size, block))
+
+
+def load_variable(ds: xr.Dataset, name: str, path, finite: bool = False) -> np.ndarray:
+    """One variable of a lazily opened store (`read_store(..., lazy=True)`) as a numpy array,
+    with `read_store`'s errors: unreadable chunks, and with `finite` NaN or inf (checked a
+    block at a time, no mask the size of the array), name the store and the variable."""
+    try:
+        values = np.asarray(ds[name].values)
+    except Exception as exc:
+        raise StoreError(f"{store_path(path)}: variable {name!r} is unreadable ({type(exc).__name__}: {exc}); "
+                         "the store is corrupt, delete it so the workflow regenerates it") from exc
+    if finite and np.issubdtype(values.dtype, np.floating) and not _all_finite(values):
+        raise StoreError(f"{store_path(path)}: variable {name!r} contains NaN or inf")
+    return values
+
+
 def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, code: str | None = None,
                      **extra) -> dict:
     """Store attributes recording what produced an artifact (SPEC 8): the config slice,

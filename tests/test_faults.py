@@ -119,6 +119,24 @@ def test_truncated_chunk_fails_naming_store_and_variable(tmp_path):
     assert not (tmp_path / "org.zarr").exists()
 
 
+@pytest.mark.parametrize("name", ["bihaar", "trihaar"])
+def test_entropy_stage_names_the_decomposed_store_and_variable_at_fault(tmp_path, name):
+    # the entropy stage reads one coefficient tensor at a time, lazily: a NaN or a truncated
+    # chunk in either must still be an error naming the store and the variable, with no output
+    dec, _ = analyse(tmp_path, np.random.default_rng(1).normal(size=(2, 3, 8, 8)), 4, 4)
+    bad = dec.copy(deep=True)
+    bad[name].values[(0,) * bad[name].ndim] = np.nan
+    store.write_store(bad, tmp_path / "nan.zarr")
+    out = tmp_path / "ent_bad.zarr"
+    with pytest.raises(StoreError, match=rf"nan\.zarr: variable '{name}' contains NaN or inf"):
+        entropy([tmp_path / "dec.zarr", tmp_path / "nan.zarr"], out, 4, 4)
+    chunk = next(p for p in (tmp_path / "dec.zarr" / name).rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.write_bytes(chunk.read_bytes()[:10])
+    with pytest.raises(StoreError, match=rf"dec\.zarr: variable '{name}' is unreadable.*delete it"):
+        entropy([tmp_path / "dec.zarr"], out, 4, 4)
+    assert not out.exists()
+
+
 def test_missing_variable_and_missing_store_are_named(tmp_path):
     with pytest.raises(StoreError, match="does not exist"):
         store.read_store(tmp_path / "nope.zarr")

@@ -22,26 +22,35 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
                             "network_l1", "network_l1_random", "network_sparsity_random")}
     first = None
     for path in decomposed_stores:
-        ds = store.read_store(path, require=("bihaar", "trihaar"), finite=("bihaar", "trihaar"))
-        first = first or ds
-        c2 = torch.from_numpy(ds["bihaar"].values)
-        c3 = torch.from_numpy(ds["trihaar"].values)
+        # lazily, one coefficient tensor at a time: at 270 heads x 1024 tokens the bi- and
+        # tri-Haar coefficients are 1.1 GB each
+        ds = store.read_store(path, require=("bihaar", "trihaar"), lazy=True)
+        if first is None:
+            first = {"attrs": dict(ds.attrs), "unit_layer": ds["unit_layer"].values,
+                     "unit_head": ds["unit_head"].values}
         sup2 = [ds["support_q"].values, ds["support_k"].values]
         lev2 = [ds["level_q"].values, ds["level_k"].values]
+        c2 = torch.from_numpy(store.load_variable(ds, "bihaar", path, finite=True))
         try:
             rows["head_entropy"].append(coarse_l1(c2, sup2, lev2, head_top_k))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc} (entropy.head_top_k)") from exc
+        rows["head_sparsity"].append(l1_over_l2(c2, (0, 1)).numpy())
+        del c2
+        c3 = torch.from_numpy(store.load_variable(ds, "trihaar", path, finite=True))
+        try:
             rows["network_entropy"].append(float(coarse_l1(c3, sup2 + [ds["support_h"].values],
                                                            lev2 + [ds["level_h"].values], network_top_k)))
         except ValueError as exc:
-            raise ValueError(f"{path}: {exc} (entropy.head_top_k / entropy.network_top_k)") from exc
-        rows["head_sparsity"].append(l1_over_l2(c2, (0, 1)).numpy())
+            raise ValueError(f"{path}: {exc} (entropy.network_top_k)") from exc
         rows["network_sparsity"].append(float(l1_over_l2(c3.reshape(-1), 0)))
+        del c3
         for k in ("network_l1", "network_l1_random", "network_sparsity_random"):
             rows[k].append(float(ds[k].values))
     n_s = len(decomposed_stores)
     # the (layer, head) grid of the stored heads: the model's indices as coordinates (a
     # subset of layers or heads, extract.layers / extract.heads, gives a smaller grid)
-    layers, heads = first["unit_layer"].values, first["unit_head"].values
+    layers, heads = first["unit_layer"], first["unit_head"]
     layer_ids, head_ids = np.unique(layers), np.unique(heads)
     rows_at, cols_at = np.searchsorted(layer_ids, layers), np.searchsorted(head_ids, heads)
 
@@ -55,8 +64,8 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
          "head_sparsity": (("sample", "layer", "head"), np.stack([grid(v) for v in rows["head_sparsity"]])),
          **{k: ("sample", np.asarray(rows[k])) for k in rows if k.startswith("network")}},
         coords={"sample": np.arange(n_s), "layer": layer_ids, "head": head_ids},
-        attrs={"model": first.attrs.get("model", ""),
-               **store.provenance_attrs(config_slice or {}, first.attrs.get("checkpoint_sha256"), code=code,
+        attrs={"model": first["attrs"].get("model", ""),
+               **store.provenance_attrs(config_slice or {}, first["attrs"].get("checkpoint_sha256"), code=code,
                                         head_top_k=head_top_k, network_top_k=network_top_k)})
     store.write_store(out_ds, out)
     log.info("entropy: %d samples, network entropy %s", n_s, np.round(rows["network_entropy"], 3).tolist())
