@@ -92,6 +92,52 @@ def test_block_mean_is_the_mean_over_each_rectangle():
         block_mean(x, np.array([0, 12]), c)
 
 
+def naive_masked_means(x, allowed, r, c):
+    """Mean of the allowed entries of every rectangle, one at a time; NaN where none is allowed."""
+    out = np.full(x.shape[:-2] + (len(r) - 1, len(c) - 1), np.nan)
+    for idx in np.ndindex(x.shape[:-2]):
+        for i in range(len(r) - 1):
+            for j in range(len(c) - 1):
+                blk = x[idx][r[i]:r[i + 1], c[j]:c[j + 1]][allowed[idx][r[i]:r[i + 1], c[j]:c[j + 1]]]
+                if blk.size:
+                    out[idx + (i, j)] = blk.mean()
+    return out
+
+
+def test_block_mean_with_a_mask_averages_only_the_allowed_entries():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 13, 11))
+    allowed = np.broadcast_to(np.tril(np.ones((13, 11), bool)), x.shape).copy()
+    allowed[2] = rng.random((13, 11)) < 0.3  # not a band: padding-like holes
+    r, c = np.array([0, 4, 5, 9, 13]), np.array([0, 3, 4, 11])
+    got = block_mean(x, r, c, allowed)
+    want = naive_masked_means(x, allowed, r, c)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, 0, 2]) and np.isfinite(got[0, 1, 1])  # a block above the diagonal; one across it
+    np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True)
+    # a mixed block is not the mean of all its entries (the pre-mask values are not read) ...
+    mixed = np.isfinite(got) & ~np.isclose(got, block_mean(x, r, c))
+    assert mixed.any()
+    # ... whatever they are
+    np.testing.assert_allclose(block_mean(np.where(allowed, x, 1e30), r, c, allowed), got, rtol=1e-12, equal_nan=True)
+    # one mask for every head broadcasts
+    np.testing.assert_allclose(block_mean(x, r, c, allowed[0]), naive_masked_means(
+        x, np.broadcast_to(allowed[0], x.shape), r, c), rtol=1e-12, equal_nan=True)
+    with pytest.raises(ValueError, match="allowed"):
+        block_mean(x, r, c, allowed[:, :12])
+
+
+def test_quantise_ranges_over_the_allowed_entries_only():
+    x = np.random.default_rng(4).normal(size=(2, 6, 6))
+    x[0, np.triu_indices(6, 1)[0], np.triu_indices(6, 1)[1]] = np.nan
+    x[1] = np.nan
+    codes, lo, hi = quantise(x)
+    ok = np.isfinite(x[0])
+    assert (lo[0], hi[0]) == (x[0][ok].min(), x[0][ok].max()) and (lo[1], hi[1]) == (0.0, 0.0)
+    back = dequantise(codes, lo, hi)
+    assert np.all(np.abs(back[0][ok] - x[0][ok]) <= (hi[0] - lo[0]) / 510 + 1e-12)
+
+
 def test_quantise_is_within_half_a_step_and_keeps_the_extremes():
     x = np.random.default_rng(1).normal(size=(4, 7, 5)) * np.array([1, 10, 1e-3, 0])[:, None, None]
     codes, lo, hi = quantise(x)
