@@ -111,11 +111,13 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
     p = plan(n_q, n_k, n_units, n_s, units2d, max_side, data_bytes,
              sample_bytes=_measured(s0, orgs0, n_q, n_k, n_units),
              head_bytes=int(1.1 * full_head_bytes(s0, orgs0, units2d[0] if units2d else 0)))
+    masked = False
     for i in range(n_s):
         s, orgs = (s0, orgs0) if i == 0 else load(i)
         if s.x.shape[1:] != (n_q, n_k):
             raise ValueError(f"{paths[i][0]}: {s.x.shape[1:]} tokens, sample 0 has {(n_q, n_k)}")
         kv = s.info["kv_group"]
+        masked |= s.layer_allowed is not None
         samples.append(encode_sample(s, orgs, p, i))
         log.info("explorer %s: sample %d encoded (%d heads organized in 2-D)", model, i, len(orgs))
         s0 = orgs0 = None  # one sample in memory at a time
@@ -124,6 +126,7 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
     for name, v in ablation_metrics(rankings_csv, n_layer, n_head).items():
         metrics[name] = [round_values(v)] * n_s
     meta = {"model": model, "kind": kind, "quantity": quantity, "n_layer": n_layer, "n_head": n_head,
+            "masked": masked,
             "n_query": n_q, "n_key": n_k, "n_samples": n_s, "crop": list(crop) if crop is not None else None,
             "kv_group": kv.reshape(-1).tolist() if kv is not None else None,
             "figure_units": fig_units, "units_2d": units2d, "heads_2d": heads_2d,

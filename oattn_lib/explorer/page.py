@@ -77,6 +77,11 @@ def resolution_note(meta: dict) -> list[str]:
             "; ".join(f"sample {s}: " + ", ".join(name(u) for u in us) for s, us in full.items())
             if full else "none within the budget") + ".")
     out.append("Values are quantised to 8 bits per matrix (steps of 1/255 of its range); hover shows them.")
+    if meta.get("masked"):
+        out.append("Entries the model may not attend to (its own mask: a causal decoder's future, a sliding window, "
+                   "padding) are drawn grey, with the hover text 'masked', in every view of a head (permuted with "
+                   "the view's rows and columns); they take no part in the colour range. A level-of-detail block "
+                   "is the mean of its allowed entries only, and grey where it has none.")
     out.append(f"Own 2-D organization (questionnaire2d, {meta['questionnaire2d_iters']} iterations, on the "
                f"pre-softmax scores) and paraproduct residual: computed at build time for "
                f"{len(meta['units_2d'])} of {meta['n_layer'] * meta['n_head']} heads per sample (explorer.heads_2d = "
