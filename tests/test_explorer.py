@@ -5,12 +5,14 @@ Every browser test reads back what the page plots (plotly's own `data` of each g
 compares it with the zarr stores, so a wrong head index, a transposed heatmap or a sample
 selector that does not switch fails. A screenshot of every state goes to the test's tmp dir.
 Causal heads: the entries the model masks must be drawn as masked (null in plotly's z) in every
-view, permuted with the view.
+view, permuted with the view, and a store holding a subset of the model's layers and heads must
+be labelled by the model's own indices.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -238,6 +240,22 @@ def test_encoded_page_data_masks_exactly_the_models_masked_entries(tmp_path):
                     both = np.isfinite(other) & np.isfinite(want)
                     assert (np.isnan(other) != np.isnan(want)).any() or not np.allclose(other[both], want[both])
         assert np.isnan(block_mean(x[u], L["raw"]["rows"], L["raw"]["cols"], a)).any() == (u // 2 != 2)
+
+
+def test_ablation_scores_land_on_the_heads_the_model_indices_name(tmp_path):
+    """The prune stage's rankings name heads by the model's indices; a subset store's units are
+    positions: (layer 3, head 2) of layers [1, 3] x heads [0, 2] is unit 3. A head the stores do
+    not hold is an error naming the file."""
+    import pandas as pd
+
+    from oattn_lib.explorer.build import ablation_metrics
+
+    csv = tmp_path / "rankings.csv"
+    pd.DataFrame({"ranking": "gradient", "order": 0, "position": range(4), "layer": [3, 1, 3, 1],
+                  "head": [2, 0, 0, 2], "score": [4.0, 1.0, 3.0, 2.0]}).to_csv(csv, index=False)
+    assert ablation_metrics(csv, [1, 3], [0, 2])["ablation: gradient"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match=r"rankings\.csv.*layer 3, head 2"):
+        ablation_metrics(csv, [1, 3], [0, 1])
 
 
 def test_quantise_is_within_half_a_step_and_keeps_the_extremes():
@@ -751,4 +769,40 @@ def test_a_causal_heads_level_of_detail_averages_only_allowed_entries(browser, c
     assert_shows(p.z("view-org3d"), x[win], "zoomed 3-D view", span=np.ptp(x[a]), allowed=a[win])
     assert (~a[win]).any() and a[win].any(), "the zoomed window has masked and allowed entries"
     p.shot("causal-lod-zoomed")
+    assert p.errors == []
+
+
+def test_a_subset_store_is_labelled_by_the_models_layer_and_head_indices(browser, causal_pages, tmp_path):
+    """Layers 1, 3 and heads 0, 2 of the model: the grid's axes and hover, the head selector, the
+    view titles, the info line, the diffusion map's hover, the notes and Table 1's row (which names
+    the model's (layer 3, head 2)) all use the model's indices, never the positions 0, 1."""
+    from oattn_lib.explorer import read_meta
+
+    meta = read_meta(causal_pages["full"])
+    assert (meta["layers"], meta["heads"], meta["model_layers"]) == ([1, 3], [0, 2], 4)
+    p = Page(browser, causal_pages["full"], tmp_path)
+    ticks = p.js("['yaxis', 'xaxis'].map((a) => document.getElementById('grid').layout[a].ticktext)")
+    assert ticks == [["1", "3"], ["0", "2"]]
+    hover = p.js("document.getElementById('grid').data[0].text")
+    names = {(0, 0): "layer 1, head 0", (0, 1): "layer 1, head 2", (1, 0): "layer 3, head 0", (1, 1): "layer 3, head 2"}
+    for (i, j), want in names.items():
+        assert hover[i][j].startswith(want)
+    options = p.js("Array.from(document.querySelectorAll('#head option')).map(o => [o.value, o.textContent])")
+    assert [(v, t.split(" ◆")[0]) for v, t in options] == [("0", "L1 H0"), ("1", "L1 H2"), ("2", "L3 H0"),
+                                                            ("3", "L3 H2")]
+    dmap = p.js("document.getElementById('dmap').data[0].text")
+    assert [t.split(" ·")[0] for t in dmap] == ["L1 H0", "L1 H2", "L3 H0", "L3 H2"]
+    # Table 1's row names the model's layer 3, head 2: a click selects unit 3
+    p.after(lambda: p.pg.locator("#table-0 tbody tr").nth(0).click())
+    assert p.unit() == 3
+    for view in ("view-raw", "view-org3d", "view-org2d", "view-resid"):
+        assert "L3 H2" in p.js(f"document.getElementById('{view}').layout.title.text"), view
+    assert "(layer 3, head 2)" in p.js("document.getElementById('info').textContent")
+    shape = p.js("document.getElementById('grid').layout.shapes[0]")
+    assert (round(shape["x0"] + 0.5), round(shape["y0"] + 0.5)) == (1, 1)  # the grid's cell of layer 3, head 2
+    text = p.js("document.body.textContent")
+    assert "layers 1, 3 of the model's 4 layers" in text
+    note = p.js("document.getElementById('resolution').textContent")
+    assert set(re.findall(r"L\d+ H\d+", note)) == {"L1 H0", "L1 H2", "L3 H0", "L3 H2"}
+    p.shot("subset-labels")
     assert p.errors == []

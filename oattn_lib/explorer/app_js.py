@@ -2,10 +2,12 @@
 inline by `page`). It draws nothing itself: every plot is a plotly trace. Kept in a Python
 module so that the workflow's code fingerprint (oattn_lib.fingerprint) sees a change to it.
 
-State: the sample, the selected head (unit u = layer * n_head + head), the grid's metric, the
-diffusion map's colouring and the tree level whose folder boundaries are drawn. Entries the
-model masks (its layer's mask, `mask_rules` in encode) are null in every view's z, so plotly
-leaves them to the grey plot background, and their hover text says "masked". Every change
+State: the sample, the selected head (unit u = position of its layer * n_head + position of its
+head among the stored ones), the grid's metric, the diffusion map's colouring and the tree level
+whose folder boundaries are drawn. Every label shows the model's own indices (`meta.layers`,
+`meta.heads`: a store may hold a subset of the model's layers and heads). Entries the model
+masks (its layer's mask, `mask_rules` in encode) are null in every view's z, so plotly leaves
+them to the grey plot background, and their hover text says "masked". Every change
 goes through `schedule`, which serialises renders; `window.oattn.idle()` resolves once the
 page shows the newest state (the browser tests wait on it).
 """
@@ -23,7 +25,15 @@ const PCONF = {displaylogo: false, responsive: true};
 const VIEWS = ["raw", "org3d", "org2d", "resid"];
 const cache = new Map();
 
-function unitName(u) { return "L" + Math.floor(u / NH) + " H" + (u % NH); }
+// the model's own indices of the stored layers and heads (positions 0.. index them)
+const LID = M.layers || range(NL), HID = M.heads || range(NH);
+const layerOf = (u) => LID[Math.floor(u / NH)], headOf = (u) => HID[u % NH];
+function unitName(u) { return "L" + layerOf(u) + " H" + headOf(u); }
+// the unit of the model's (layer, head), -1 where the page does not hold it
+function unitOf(layer, head) {
+  const l = LID.indexOf(+layer), h = HID.indexOf(+head);
+  return l < 0 || h < 0 ? -1 : l * NH + h;
+}
 // masked entries show the plot's background: a grey that neither colour scale has (plotly's own
 // RdBu is grey at 0, so the residual uses ColorBrewer's, white at 0: negative red, positive blue)
 const MASKED_BG = "#9e9e9e";
@@ -239,7 +249,7 @@ function redraw(name, w) {
   const [heat, res] = heatmap(name, view, st.zr, st.pos, w);
   const nr = view.r[view.r.length - 1], nc = view.c[view.c.length - 1];
   const xr = w ? [w.c0, w.c1] : [0, nc], yr = w ? [w.r1, w.r0] : [nr, 0];
-  const layout = {title: {text: TITLES[name] + "<br><sub>" + res +
+  const layout = {title: {text: TITLES[name] + ", " + unitName(state.unit) + "<br><sub>" + res +
       (view.masked ? "; grey: masked by the model" : "") + "</sub>", font: {size: 13}},
     plot_bgcolor: MASKED_BG,
     margin: {l: 40, r: 10, t: 50, b: 30}, height: 340, uirevision: st.pos + ":" + state.unit + ":" + (w ? 1 : 0),
@@ -283,7 +293,7 @@ function gridColumns() {
 function drawGrid() {
   const cols = gridColumns(), vals = D.metrics[state.metric][state.sample];
   const z = range(NL).map((l) => cols.map((h) => vals[l * NH + h]));
-  const tx = range(NL).map((l) => cols.map((h) => "layer " + l + ", head " + h +
+  const tx = range(NL).map((l) => cols.map((h) => "layer " + LID[l] + ", head " + HID[h] +
     (M.kv_group ? " (KV group " + M.kv_group[l * NH + h] + ")" : "") +
     (M.units_2d.includes(l * NH + h) ? "<br>2-D organization computed" : "")));
   const col = cols.indexOf(state.unit % NH), lay = Math.floor(state.unit / NH);
@@ -301,12 +311,12 @@ function drawGrid() {
     hovertemplate: "%{text}<br>" + state.metric + ": %{z:.4g}<extra></extra>", colorscale: "Cividis",
     colorbar: {thickness: 10}}, dots], {margin: {l: 50, r: 10, t: 10, b: 50}, height: 320, shapes: shapes,
     xaxis: {title: {text: M.kv_group ? "head (grouped by KV head)" : "head"}, tickvals: range(cols.length),
-            ticktext: cols.map((h) => M.kv_group ? h + "·g" + M.kv_group[h] : String(h))},
-    yaxis: {title: {text: "layer"}, autorange: "reversed", tickvals: range(NL)}}, PCONF);
+            ticktext: cols.map((h) => M.kv_group ? HID[h] + "·g" + M.kv_group[h] : String(HID[h]))},
+    yaxis: {title: {text: "layer"}, autorange: "reversed", tickvals: range(NL), ticktext: LID.map(String)}}, PCONF);
 }
 function drawDiffusion() {
   const S = D.samples[state.sample], tl = S.tree_h.length - 1, lev = Math.min(state.level, tl);
-  const colour = {layer: (u) => Math.floor(u / NH), kv: (u) => M.kv_group[u],
+  const colour = {layer: layerOf, kv: (u) => M.kv_group[u],
     folder: (u) => S.tree_h[lev][u], metric: (u) => D.metrics[state.metric][state.sample][u]}[state.colorBy];
   const us = range(NU), x = us.map((u) => S.diffusion[u][0]), y = us.map((u) => S.diffusion[u][1]);
   const title = {layer: "layer", kv: "KV group", folder: "head-tree folder (level " + lev + ")",
@@ -324,7 +334,7 @@ function drawDiffusion() {
 }
 function drawInfo() {
   const u = state.unit, S = D.samples[state.sample], o2 = S.o2d[u], f = (v) => v == null ? "–" : (+v).toPrecision(4);
-  const parts = ["<b>" + unitName(u) + "</b> (layer " + Math.floor(u / NH) + ", head " + (u % NH) +
+  const parts = ["<b>" + unitName(u) + "</b> (layer " + layerOf(u) + ", head " + headOf(u) +
     (M.kv_group ? ", KV group " + M.kv_group[u] : "") + ")", "sample " + S.sample +
     (S.info.label != null ? " (image label " + S.info.label + ")" : "")];
   metricNames.forEach((m) => parts.push(m + ": " + f(D.metrics[m][state.sample][u])));
@@ -409,8 +419,9 @@ function setupTables() {
       row.forEach((v) => { const td = document.createElement("td"); td.textContent = v == null ? "" :
         (typeof v === "number" && !Number.isInteger(v) ? v.toPrecision(4) : String(v));
         td.dataset.v = v == null ? "" : String(v); tr.appendChild(td); });
-      if (T.select === "head" && li >= 0 && hi >= 0) {
-        tr.dataset.unit = row[li] * NH + row[hi]; tr.onclick = () => select(tr.dataset.unit);
+      if (T.select === "head" && li >= 0 && hi >= 0 && unitOf(row[li], row[hi]) >= 0) {
+        // tables name heads by the model's indices
+        tr.dataset.unit = unitOf(row[li], row[hi]); tr.onclick = () => select(tr.dataset.unit);
       } else if (T.select === "sample") {
         const s = row[T.columns.indexOf("sample")], pos = D.samples.findIndex((S) => S.sample === s);
         tr.dataset.sample = s; if (pos >= 0) tr.onclick = () => setSample(pos);

@@ -34,7 +34,8 @@ class Sample:
     diffusion coordinates of the heads (unit, component), the token labels, `allowed`:
     {unit: the model's own mask of the head (None: nothing masked)} for the units asked for, and
     `layer_allowed` (layer, query, key): every stored layer's mask (None: nothing masked; unit u
-    has its layer's, u // n_head)."""
+    has its layer's, u // n_head). `info` holds the model's indices of the stored layers and
+    heads (`layers`, `heads`): unit u is layer layers[u // n_head], head heads[u % n_head]."""
 
     index: int
     x: np.ndarray
@@ -158,6 +159,9 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     info = {k: ds.attrs[k] for k in ("label", "source_index") if k in ds.attrs}
     info["kv_group"] = kv_groups(ds, n_layer, n_head)
     info["n_layer"], info["n_head"] = n_layer, n_head
+    info["layers"], info["heads"] = [int(v) for v in stored[0]], [int(v) for v in stored[1]]
+    for k in ("model_layers", "model_heads"):
+        info[k] = int(ds.attrs[k]) if k in ds.attrs else None
     allowed = {int(u): model_mask(ds, int(stored[0][u // n_head]), int(stored[1][u % n_head]), lv[u], crop)
                for u in masks_of}
     masks = layer_masks(ds, crop, str(attention_store))
