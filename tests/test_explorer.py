@@ -4,18 +4,22 @@ tiny workflow's real stores, driven in a real browser (Debian's chromium through
 Every browser test reads back what the page plots (plotly's own `data` of each graph) and
 compares it with the zarr stores, so a wrong head index, a transposed heatmap or a sample
 selector that does not switch fails. A screenshot of every state goes to the test's tmp dir.
+Causal heads: the entries the model masks must be drawn as masked (null in plotly's z) in every
+view, permuted with the view, and a store holding a subset of the model's layers and heads must
+be labelled by the model's own indices.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from oattn_lib.explorer.encode import plan
+from oattn_lib.explorer.encode import allowed_of_rule, mask_rules, plan
 from oattn_lib.explorer.lod import block_mean, boundary_depth, dequantise, quantise, tree_cut, uniform_cut
 from oattn_lib.trees import PartitionTree
 
@@ -90,6 +94,168 @@ def test_block_mean_is_the_mean_over_each_rectangle():
             assert np.allclose(got[:, i, j], x[:, r[i]:r[i + 1], c[j]:c[j + 1]].mean(axis=(1, 2)))
     with pytest.raises(ValueError, match="row_edges"):
         block_mean(x, np.array([0, 12]), c)
+
+
+def naive_masked_means(x, allowed, r, c):
+    """Mean of the allowed entries of every rectangle, one at a time; NaN where none is allowed."""
+    out = np.full(x.shape[:-2] + (len(r) - 1, len(c) - 1), np.nan)
+    for idx in np.ndindex(x.shape[:-2]):
+        for i in range(len(r) - 1):
+            for j in range(len(c) - 1):
+                blk = x[idx][r[i]:r[i + 1], c[j]:c[j + 1]][allowed[idx][r[i]:r[i + 1], c[j]:c[j + 1]]]
+                if blk.size:
+                    out[idx + (i, j)] = blk.mean()
+    return out
+
+
+def test_block_mean_with_a_mask_averages_only_the_allowed_entries():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 13, 11))
+    allowed = np.broadcast_to(np.tril(np.ones((13, 11), bool)), x.shape).copy()
+    allowed[2] = rng.random((13, 11)) < 0.3  # not a band: padding-like holes
+    r, c = np.array([0, 4, 5, 9, 13]), np.array([0, 3, 4, 11])
+    got = block_mean(x, r, c, allowed)
+    want = naive_masked_means(x, allowed, r, c)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, 0, 2]) and np.isfinite(got[0, 1, 1])  # a block above the diagonal; one across it
+    np.testing.assert_allclose(got, want, rtol=1e-12, equal_nan=True)
+    # a mixed block is not the mean of all its entries (the pre-mask values are not read) ...
+    mixed = np.isfinite(got) & ~np.isclose(got, block_mean(x, r, c))
+    assert mixed.any()
+    # ... whatever they are
+    np.testing.assert_allclose(block_mean(np.where(allowed, x, 1e30), r, c, allowed), got, rtol=1e-12, equal_nan=True)
+    # one mask for every head broadcasts
+    np.testing.assert_allclose(block_mean(x, r, c, allowed[0]), naive_masked_means(
+        x, np.broadcast_to(allowed[0], x.shape), r, c), rtol=1e-12, equal_nan=True)
+    with pytest.raises(ValueError, match="allowed"):
+        block_mean(x, r, c, allowed[:, :12])
+
+
+def test_quantise_ranges_over_the_allowed_entries_only():
+    x = np.random.default_rng(4).normal(size=(2, 6, 6))
+    x[0, np.triu_indices(6, 1)[0], np.triu_indices(6, 1)[1]] = np.nan
+    x[1] = np.nan
+    codes, lo, hi = quantise(x)
+    ok = np.isfinite(x[0])
+    assert (lo[0], hi[0]) == (x[0][ok].min(), x[0][ok].max()) and (lo[1], hi[1]) == (0.0, 0.0)
+    back = dequantise(codes, lo, hi)
+    assert np.all(np.abs(back[0][ok] - x[0][ok]) <= (hi[0] - lo[0]) / 510 + 1e-12)
+
+
+def test_mask_rules_give_back_each_layers_mask_and_nothing_for_unmasked_layers():
+    n_q, n_k = 9, 12
+    d = np.arange(n_k)[None] - np.arange(n_q)[:, None]
+    causal = d <= 0
+    window = (d <= 3) & (d > 0)  # keys 1..3 after the query
+    padding = np.broadcast_to(np.arange(n_k) < 7, (n_q, n_k))  # not a band of diagonals
+    masks = np.stack([causal, np.ones((n_q, n_k), bool), window, padding, causal])
+    enc = mask_rules(masks)
+    assert enc["layers"][1] == -1 and enc["layers"][0] == enc["layers"][4]  # shared by identical layers
+    assert len(enc["rules"]) == 3
+    for layer in (0, 2, 3, 4):
+        back = allowed_of_rule(enc["rules"][enc["layers"][layer]], n_q, n_k)
+        assert back.shape == (n_q, n_k) and np.array_equal(back, masks[layer]), f"layer {layer}"
+    assert "band" in enc["rules"][enc["layers"][0]] and "bits" in enc["rules"][enc["layers"][3]]
+    assert mask_rules(np.ones((2, n_q, n_k), bool)) is None and mask_rules(None) is None
+
+
+def unpack(block, shapes) -> list[np.ndarray]:
+    """The values a page's quantised block stands for, one matrix per shape."""
+    import base64
+    import gzip
+
+    codes = np.frombuffer(gzip.decompress(base64.b64decode(block["data"])), dtype=np.uint8) if block["data"] else []
+    out, off = [], 0
+    for i, (nr, nc) in enumerate(shapes):
+        out.append(dequantise(codes[off:off + nr * nc].reshape(nr, nc), block["lo"][i], block["hi"][i]))
+        off += nr * nc
+    return out
+
+
+def assert_means(got, want, what):
+    """A level of detail's blocks as the page has them (8 bits) against masked means: equal where a
+    block has an allowed entry (the page's value of a block with none is never shown)."""
+    ok = np.isfinite(want)
+    tol = (want[ok].max() - want[ok].min()) / 510 + 1e-6
+    err = np.abs(got[ok] - want[ok]).max()
+    assert err <= tol, f"{what}: differs from the masked block means by {err:.3g} (tolerance {tol:.3g})"
+
+
+def test_encoded_page_data_masks_exactly_the_models_masked_entries(tmp_path):
+    """A causal layer, a padding layer (no band) and an unmasked one, at the level of detail with
+    every head also at full resolution: the page gets each layer's mask exactly, ranges and block
+    means over the allowed entries only, the organized views' means over the permuted mask."""
+    from oattn_lib.explorer.build import model_payload
+    from oattn_lib.explorer.synthetic import synthetic_model
+    from oattn_lib.store import read_store
+
+    n = 24
+    causal = np.tril(np.ones((n, n), bool))
+    padding = causal & (np.arange(n) % 5 != 3)[None]  # causal, and keys 3, 8, ... are padding
+    masks = np.stack([causal, padding, np.ones((n, n), bool)])
+    b = synthetic_model(tmp_path, "dec", "txl", n, 3, 2, 1, allowed=masks, seed=5)["base"]
+    pay = model_payload("dec", "txl", [b / "attention/sample0.zarr"], [b / "organized/sample0.zarr"],
+                        [b / "decomposed/sample0.zarr"], b / "entropy.zarr", [], quantity="scores",
+                        figure_heads=[[0, 0]], heads_2d=6, questionnaire2d_iters=1, max_side=8, data_bytes=10**7)
+    assert pay["meta"]["masked"] and not pay["meta"]["plan"]["full_mode"]
+    S = pay["samples"][0]
+    scores = read_store(b / "attention/sample0.zarr")["scores"].transpose("layer", "head", "query", "key").values
+    x = scores.astype(np.float64).reshape(6, n, n)
+    # each layer's mask, exactly (not transposed), and none for the unmasked layer
+    assert S["mask"]["layers"][2] == -1
+    for layer in (0, 1):
+        back = allowed_of_rule(S["mask"]["rules"][S["mask"]["layers"][layer]], n, n)
+        assert np.array_equal(back, masks[layer]), f"layer {layer}"
+    # full resolution: the 8-bit range is the allowed entries' (the pre-mask scores reach beyond it)
+    assert S["full"]["units"] == list(range(6))
+    full = unpack(S["full"]["raw"], [(n, n)] * 6)
+    for u in range(6):
+        ok = masks[u // 2]
+        assert (S["full"]["raw"]["lo"][u], S["full"]["raw"]["hi"][u]) == pytest.approx((x[u][ok].min(), x[u][ok].max()))
+        assert np.abs(full[u][ok] - x[u][ok]).max() <= (x[u][ok].max() - x[u][ok].min()) / 510 + 1e-6
+    assert any(x[u][~masks[u // 2]].max() > x[u][masks[u // 2]].max() or
+               x[u][~masks[u // 2]].min() < x[u][masks[u // 2]].min() for u in range(4)), "nothing to tell apart"
+    # level of detail, token order and the two organized orders
+    L = S["lod"]
+    shape = lambda e: (len(e["rows"]) - 1, len(e["cols"]) - 1)  # noqa: E731
+    raw = unpack(L["raw"], [shape(L["raw"])] * 6)
+    org3 = unpack(L["org3d"], [shape(L["org3d"])] * 6)
+    org2 = unpack(L["org2d"], [shape(L["edges2d"][str(u)]) for u in L["units2d"]])
+    tq, tk = S["tree_q"]["order"], S["tree_k"]["order"]
+    for u in range(6):
+        a = masks[u // 2]
+        views = [("raw", raw[u], np.arange(n), np.arange(n), L["raw"]),
+                 ("org3d", org3[u], tq, tk, L["org3d"]),
+                 ("org2d", org2[L["units2d"].index(u)], S["o2d"][str(u)]["rows"]["order"],
+                  S["o2d"][str(u)]["cols"]["order"], L["edges2d"][str(u)])]
+        for name, got, ro, co, e in views:
+            ix = np.ix_(ro, co)
+            want = block_mean(x[u][ix], e["rows"], e["cols"], a[ix])
+            assert_means(got, want, f"unit {u} {name}")
+            if u // 2 == 2:
+                assert np.isfinite(want).all() and np.allclose(want, block_mean(x[u][ix], e["rows"], e["cols"]))
+            elif name != "raw":  # the test tells the permuted mask from the unpermuted and the transposed one
+                for wrong in (a, a.T):
+                    other = block_mean(x[u][ix], e["rows"], e["cols"], wrong)
+                    both = np.isfinite(other) & np.isfinite(want)
+                    assert (np.isnan(other) != np.isnan(want)).any() or not np.allclose(other[both], want[both])
+        assert np.isnan(block_mean(x[u], L["raw"]["rows"], L["raw"]["cols"], a)).any() == (u // 2 != 2)
+
+
+def test_ablation_scores_land_on_the_heads_the_model_indices_name(tmp_path):
+    """The prune stage's rankings name heads by the model's indices; a subset store's units are
+    positions: (layer 3, head 2) of layers [1, 3] x heads [0, 2] is unit 3. A head the stores do
+    not hold is an error naming the file."""
+    import pandas as pd
+
+    from oattn_lib.explorer.build import ablation_metrics
+
+    csv = tmp_path / "rankings.csv"
+    pd.DataFrame({"ranking": "gradient", "order": 0, "position": range(4), "layer": [3, 1, 3, 1],
+                  "head": [2, 0, 0, 2], "score": [4.0, 1.0, 3.0, 2.0]}).to_csv(csv, index=False)
+    assert ablation_metrics(csv, [1, 3], [0, 2])["ablation: gradient"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match=r"rankings\.csv.*layer 3, head 2"):
+        ablation_metrics(csv, [1, 3], [0, 1])
 
 
 def test_quantise_is_within_half_a_step_and_keeps_the_extremes():
@@ -237,15 +403,28 @@ def store_head(results, model, sample, layer, head, quantity=None):
     return ds[quantity].sel(layer=layer, head=head).transpose("query", "key").values.astype(np.float64)
 
 
-def assert_shows(z, x, what, span=None):
+def store_allowed(results, model, sample, layer) -> np.ndarray:
+    """The model's mask of a layer, (query, key) bool: True where its heads may attend."""
+    from oattn_lib.store import read_store
+
+    ds = read_store(results / model / f"attention/sample{sample}.zarr")
+    return ds["allowed"].sel(layer=layer).transpose("query", "key").values.astype(bool)
+
+
+def assert_shows(z, x, what, span=None, allowed=None):
     """The page shows x, quantised to 8 bits: within half a step of its range (or `span`, the range
-    of the whole matrix x is a block of), and not its transpose."""
-    tol = (x.max() - x.min() if span is None else span) / 510 + 1e-6
+    of the whole matrix x is a block of), and not its transpose. `allowed` (x's layout; None:
+    every entry): the model's mask, the page must show exactly the masked entries as masked (NaN)
+    and the range is the allowed entries'."""
+    ok = np.ones(x.shape, bool) if allowed is None else allowed
+    tol = (x[ok].max() - x[ok].min() if span is None else span) / 510 + 1e-6
     assert z.shape == x.shape, f"{what}: page shows {z.shape}, the store has {x.shape}"
-    err = np.abs(z - x).max()
+    assert np.array_equal(np.isnan(z), ~ok), f"{what}: masked where the model is not, or not where it is"
+    err = np.abs(z - x)[ok].max()
     assert err <= tol, f"{what}: differs from the store by {err:.3g} (tolerance {tol:.3g})"
-    if x.shape[0] == x.shape[1] and not np.allclose(x, x.T, atol=4 * tol):
-        assert np.abs(z - x.T).max() > tol, f"{what}: matches the transposed head too"
+    if x.shape[0] == x.shape[1] and not np.allclose(np.where(ok & ok.T, x, 0), np.where(ok & ok.T, x.T, 0),
+                                                    atol=4 * tol):
+        assert np.nanmax(np.abs(z - x.T)) > tol, f"{what}: matches the transposed head too"
 
 
 @pytest.mark.workflow
@@ -286,12 +465,13 @@ def test_clicking_a_head_in_the_grid_shows_that_heads_data(open_page, built, mod
         p.click_grid(layer, head)
         assert p.unit() == layer * n_head + head
         p.shot(f"{model}-grid-L{layer}H{head}")
-        x = store_head(res, model, 0, layer, head)
-        assert_shows(p.z("view-raw"), x, "raw view")
+        x, a = store_head(res, model, 0, layer, head), store_allowed(res, model, 0, layer)
+        assert_shows(p.z("view-raw"), x, "raw view", allowed=a)
         org, _ = load_organization(res / model / "organized/sample0.zarr")
-        assert_shows(p.z("view-org3d"), x[np.ix_(org.tree_q.order, org.tree_k.order)], "3-D view")
+        ix = np.ix_(org.tree_q.order, org.tree_k.order)
+        assert_shows(p.z("view-org3d"), x[ix], "3-D view", allowed=a[ix])
         other = store_head(res, model, 0, (layer + 1) % n_layer, head)
-        assert np.abs(p.z("view-raw") - other).max() > (x.max() - x.min()) / 510
+        assert np.nanmax(np.abs(p.z("view-raw") - other)) > (x[a].max() - x[a].min()) / 510
 
 
 @pytest.mark.workflow
@@ -310,8 +490,9 @@ def test_figure_head_2d_view_and_residual_equal_the_decomposed_store(open_page, 
     assert o2d["rows"]["order"] == dec["fig_row_order"].values[-1].tolist()
     assert o2d["cols"]["order"] == dec["fig_col_order"].values[-1].tolist()
     organized = dec["fig_exact" if MODELS[model][1] == "probs" else "fig_organized2d"].values[-1]
-    assert_shows(p.z("view-org2d"), organized.astype(np.float64), "2-D view")
-    assert_shows(p.z("view-resid"), dec["fig_residual"].values[-1].astype(np.float64), "residual")
+    a = store_allowed(built["results"], model, 0, layer)[np.ix_(o2d["rows"]["order"], o2d["cols"]["order"])]
+    assert_shows(p.z("view-org2d"), organized.astype(np.float64), "2-D view", allowed=a)
+    assert_shows(p.z("view-resid"), dec["fig_residual"].values[-1].astype(np.float64), "residual", allowed=a)
     p.shot(f"{model}-figure-head")
 
 
@@ -331,7 +512,8 @@ def test_clicking_a_diffusion_map_point_selects_that_head_everywhere(open_page, 
         shape = p.js("document.getElementById('grid').layout.shapes[0]")
         assert (round(shape["x0"] + 0.5), round(shape["y0"] + 0.5)) == (u % n_head, u // n_head)
         assert p.js("document.getElementById('head').value") == str(u)
-        assert_shows(p.z("view-raw"), store_head(built["results"], "lm", 0, u // n_head, u % n_head), "raw view")
+        assert_shows(p.z("view-raw"), store_head(built["results"], "lm", 0, u // n_head, u % n_head), "raw view",
+                     allowed=store_allowed(built["results"], "lm", 0, u // n_head))
         p.shot(f"dmap-selected-{u}")
 
 
@@ -343,10 +525,11 @@ def test_sample_selector_switches_the_data(open_page, built, model):
     n_head = p.js("window.oattn.data.meta.n_head")
     layer, head = divmod(p.unit(), n_head)
     x0, x1 = (store_head(res, model, s, layer, head) for s in (0, 1))
-    assert_shows(p.z("view-raw"), x0, "sample 0")
+    a0, a1 = (store_allowed(res, model, s, layer) for s in (0, 1))
+    assert_shows(p.z("view-raw"), x0, "sample 0", allowed=a0)
     p.after(lambda: p.pg.select_option("#sample", "1"))
-    assert_shows(p.z("view-raw"), x1, "sample 1")
-    assert np.abs(p.z("view-raw") - x0).max() > (x0.max() - x0.min()) / 100
+    assert_shows(p.z("view-raw"), x1, "sample 1", allowed=a1)
+    assert np.nanmax(np.abs(p.z("view-raw") - x0)) > (x0[a0].max() - x0[a0].min()) / 100
     p.shot(f"{model}-sample1")
 
 
@@ -378,14 +561,16 @@ def test_level_of_detail_page_averages_over_tree_folders(open_page, built):
     n_head = meta["n_head"]
     u = next(u for u in range(meta["n_layer"] * n_head) if u not in full and u not in meta["units_2d"])
     p.after(lambda: p.pg.select_option("#head", str(u)))
-    x = store_head(res, "lm", 0, u // n_head, u % n_head)
+    x, a = store_head(res, "lm", 0, u // n_head, u % n_head), store_allowed(res, "lm", 0, u // n_head)
     er, ec = uniform_cut(x.shape[0], 8), uniform_cut(x.shape[1], 8)
     assert p.js("document.getElementById('view-raw').data[0].y") == er.tolist()
-    assert_shows(p.z("view-raw"), block_mean(x, er, ec), "raw level of detail")
+    want = block_mean(x, er, ec, a)
+    assert_shows(p.z("view-raw"), want, "raw level of detail", allowed=np.isfinite(want))
     org, _ = load_organization(res / "lm" / "organized/sample0.zarr")
     r, c = tree_cut(boundary_depth(org.tree_q), 8), tree_cut(boundary_depth(org.tree_k), 8)
-    assert_shows(p.z("view-org3d"), block_mean(x[np.ix_(org.tree_q.order, org.tree_k.order)], r, c),
-                 "3-D level of detail")
+    ix = np.ix_(org.tree_q.order, org.tree_k.order)
+    want = block_mean(x[ix], r, c, a[ix])
+    assert_shows(p.z("view-org3d"), want, "3-D level of detail", allowed=np.isfinite(want))
     assert "level of detail 8" in p.js("document.getElementById('view-raw').layout.title.text")
     p.shot("lod-head")
     # a head shipped at full resolution shows every token of the folder a click zooms into
@@ -397,9 +582,10 @@ def test_level_of_detail_page_averages_over_tree_folders(open_page, built):
     rows, cols = (np.array(p.js(f"document.getElementById('view-org3d').data[0].{a}")) for a in "yx")
     assert np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)) and rows[0] <= 7 < rows[-1] and len(rows) < 25
     assert np.array_equal(cols, np.arange(cols[0], cols[-1] + 1)) and cols[0] <= 5 < cols[-1]
-    x = store_head(res, "lm", 0, f // n_head, f % n_head)[np.ix_(org.tree_q.order, org.tree_k.order)]
+    x = store_head(res, "lm", 0, f // n_head, f % n_head)[ix]
+    a = store_allowed(res, "lm", 0, f // n_head)[ix]
     assert_shows(p.z("view-org3d"), x[rows[0]:rows[-1], cols[0]:cols[-1]], "zoomed full resolution",
-                 span=x.max() - x.min())
+                 span=x[a].max() - x[a].min(), allowed=a[rows[0]:rows[-1], cols[0]:cols[-1]])
     p.shot("lod-zoomed-full-resolution")
     p.after(lambda: p.pg.click("#reset-zoom"))
     assert p.js("document.getElementById('view-org3d').data[0].y") == r.tolist()
@@ -474,3 +660,149 @@ def test_the_workflow_pages_follow_the_config_and_the_stores(clean_run):
         np.testing.assert_allclose(grid, want, rtol=1e-3, atol=1e-6)
         # the prune stage ran in the tiny config: its rankings colour the grid too
         assert any(k.startswith("ablation: ") for k in data["metrics"])
+
+
+# -- causal heads and a subset store, in chromium ------------------------------------------------
+@pytest.fixture(scope="module")
+def causal_pages(tmp_path_factory):
+    """Pages of a synthetic decoder whose stores hold layers 1 and 3 of 4 and heads 0 and 2 of 3:
+    layer 1 causal, layer 3 unmasked; pre-softmax scores (the pre-mask scores of the masked
+    entries are in the store, as extract writes them). `full`: 16 tokens, every head at full
+    resolution; `lod`: 40 tokens at a level of detail of 8 x 8, every head also at full resolution."""
+    from oattn_lib.explorer.synthetic import synthetic_model
+    from oattn_lib.stages.explorer import explorer
+
+    out = tmp_path_factory.mktemp("causal")
+    pages = {}
+    for name, n, max_side in (("full", 16, 128), ("lod", 40, 8)):
+        allowed = np.stack([np.tril(np.ones((n, n), bool)), np.ones((n, n), bool)])
+        b = synthetic_model(out / "stores", name, "txl", n, 2, 2, 2, allowed=allowed, layers=[1, 3], heads=[0, 2],
+                            seed=7)["base"]
+        pages[name] = out / f"{name}.html"
+        explorer(name, "txl", *[[b / f"{d}/sample{i}.zarr" for i in range(2)] for d in ("attention", "organized",
+                                                                                          "decomposed")],
+                 b / "entropy.zarr", b / "tables/table1.csv", b / "tables/table2.csv", pages[name],
+                 quantity="scores", figure_heads=[[0, 0]], questionnaire2d_iters=1, heads_2d=4, max_side=max_side,
+                 data_mb=9.0)
+        pages[name + "_base"] = b
+    return pages
+
+
+def synthetic_head(base, u):
+    """Scores and mask of unit u (position layer * 2 + head) of sample 0 of a causal_pages store."""
+    from oattn_lib.store import read_store
+
+    ds = read_store(base / "attention/sample0.zarr")
+    x = ds["scores"].isel(layer=u // 2, head=u % 2).transpose("query", "key").values.astype(np.float64)
+    return x, ds["allowed"].isel(layer=u // 2).transpose("query", "key").values.astype(bool)
+
+
+def test_a_causal_heads_views_draw_its_masked_entries_as_masked(browser, causal_pages, tmp_path):
+    """Every view of a causal head is null (plotly's gap, the grey background) exactly at the
+    masked entries, permuted with the view's rows and columns; hover says "masked" there; the
+    colour range is the allowed entries'. The unmasked layer's heads have no gap."""
+    p = Page(browser, causal_pages["full"], tmp_path)
+    S = p.js("window.oattn.data.samples[0]")
+    n = len(S["tokens"])
+    for u in range(4):
+        p.after(lambda: p.pg.select_option("#head", str(u)))
+        x, a = synthetic_head(causal_pages["full_base"], u)
+        assert a.all() == (u >= 2)
+        o2 = S["o2d"][str(u)]
+        orders = {"view-raw": (np.arange(n), np.arange(n)), "view-org3d": (S["tree_q"]["order"], S["tree_k"]["order"]),
+                  "view-org2d": (o2["rows"]["order"], o2["cols"]["order"])}
+        for view, (ro, co) in orders.items():
+            ix = np.ix_(ro, co)
+            assert_shows(p.z(view), x[ix], f"unit {u} {view}", allowed=a[ix])
+            text = np.array(p.js(f"document.getElementById('{view}').data[0].text"))
+            assert np.array_equal(np.char.find(text.astype(str), "masked") >= 0, ~a[ix]), f"unit {u} {view} hover"
+        resid = p.z("view-resid")
+        assert np.array_equal(np.isnan(resid), ~a[np.ix_(o2["rows"]["order"], o2["cols"]["order"])]), "residual"
+        heat = p.js("document.getElementById('view-raw').data[0]")
+        assert (heat["zmin"], heat["zmax"]) == pytest.approx((x[a].min(), x[a].max()), abs=np.ptp(x[a]) / 255)
+        title = p.js("document.getElementById('view-raw').layout.title.text")
+        assert ("masked" in title) == (u < 2)
+        if u == 0:
+            p.shot("causal-head")
+            # a user's hover: a masked entry (query 0, key n - 1) and an allowed one (query n - 1, key 0)
+            for (q, k), want in (((0, n - 1), "masked"), ((n - 1, 0), "value")):
+                p.pg.mouse.move(*p.pixel("view-raw", k + 0.5, q + 0.5), steps=4)
+                p.pg.wait_for_function("(w) => { const h = document.querySelector('#view-raw .hoverlayer');"
+                                       " return h && w.every((t) => h.textContent.includes(t)); }",
+                                       arg=[f"query #{q} w{q}", f"key #{k} w{k}"], timeout=10_000)
+                label = p.js("document.querySelector('#view-raw .hoverlayer').textContent")
+                assert want in label and ("masked" in label) == (want == "masked"), label
+    assert p.errors == []
+
+
+def test_a_causal_heads_level_of_detail_averages_only_allowed_entries(browser, causal_pages, tmp_path):
+    """At the level of detail a block with no allowed entry is masked and the others show the mean of
+    their allowed entries, in token order and in both organized orders; a zoom to full resolution
+    shows the masked entries of its window."""
+    p = Page(browser, causal_pages["lod"], tmp_path)
+    S = p.js("window.oattn.data.samples[0]")
+    x, a = synthetic_head(causal_pages["lod_base"], 1)
+    p.after(lambda: p.pg.select_option("#head", "1"))
+    n = x.shape[0]
+    o2 = S["o2d"]["1"]
+    views = {"view-raw": (np.arange(n), np.arange(n)), "view-org3d": (S["tree_q"]["order"], S["tree_k"]["order"]),
+             "view-org2d": (o2["rows"]["order"], o2["cols"]["order"])}
+    for view, (ro, co) in views.items():
+        r, c = (np.array(p.js(f"document.getElementById('{view}').data[0].{k}")) for k in "yx")
+        assert len(r) - 1 <= 8 < n
+        ix = np.ix_(ro, co)
+        want = block_mean(x[ix], r, c, a[ix])
+        z = p.z(view)
+        assert np.array_equal(np.isnan(z), np.isnan(want)), f"{view}: masked blocks"
+        assert np.isfinite(want).any() and (np.isnan(want).any() or view != "view-raw")
+        assert_means(z, want, view)
+        plain = block_mean(x[ix], r, c)
+        assert not np.allclose(z[np.isfinite(z)], plain[np.isfinite(z)], atol=(x.max() - x.min()) / 255), \
+            f"{view}: the means of mixed blocks include the masked entries"
+    p.shot("causal-lod")
+    # zoom into a folder of the 3-D view: full resolution, masked entries null
+    p.after(lambda: p.click_at(*p.pixel("view-org3d", 0.5, 7.5)))
+    rows, cols = (np.array(p.js(f"document.getElementById('view-org3d').data[0].{k}")) for k in "yx")
+    assert np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)) and len(rows) < n
+    ro, co = views["view-org3d"]
+    win = np.ix_(np.asarray(ro)[rows[0]:rows[-1]], np.asarray(co)[cols[0]:cols[-1]])
+    assert_shows(p.z("view-org3d"), x[win], "zoomed 3-D view", span=np.ptp(x[a]), allowed=a[win])
+    assert (~a[win]).any() and a[win].any(), "the zoomed window has masked and allowed entries"
+    p.shot("causal-lod-zoomed")
+    assert p.errors == []
+
+
+def test_a_subset_store_is_labelled_by_the_models_layer_and_head_indices(browser, causal_pages, tmp_path):
+    """Layers 1, 3 and heads 0, 2 of the model: the grid's axes and hover, the head selector, the
+    view titles, the info line, the diffusion map's hover, the notes and Table 1's row (which names
+    the model's (layer 3, head 2)) all use the model's indices, never the positions 0, 1."""
+    from oattn_lib.explorer import read_meta
+
+    meta = read_meta(causal_pages["full"])
+    assert (meta["layers"], meta["heads"], meta["model_layers"]) == ([1, 3], [0, 2], 4)
+    p = Page(browser, causal_pages["full"], tmp_path)
+    ticks = p.js("['yaxis', 'xaxis'].map((a) => document.getElementById('grid').layout[a].ticktext)")
+    assert ticks == [["1", "3"], ["0", "2"]]
+    hover = p.js("document.getElementById('grid').data[0].text")
+    names = {(0, 0): "layer 1, head 0", (0, 1): "layer 1, head 2", (1, 0): "layer 3, head 0", (1, 1): "layer 3, head 2"}
+    for (i, j), want in names.items():
+        assert hover[i][j].startswith(want)
+    options = p.js("Array.from(document.querySelectorAll('#head option')).map(o => [o.value, o.textContent])")
+    assert [(v, t.split(" ◆")[0]) for v, t in options] == [("0", "L1 H0"), ("1", "L1 H2"), ("2", "L3 H0"),
+                                                            ("3", "L3 H2")]
+    dmap = p.js("document.getElementById('dmap').data[0].text")
+    assert [t.split(" ·")[0] for t in dmap] == ["L1 H0", "L1 H2", "L3 H0", "L3 H2"]
+    # Table 1's row names the model's layer 3, head 2: a click selects unit 3
+    p.after(lambda: p.pg.locator("#table-0 tbody tr").nth(0).click())
+    assert p.unit() == 3
+    for view in ("view-raw", "view-org3d", "view-org2d", "view-resid"):
+        assert "L3 H2" in p.js(f"document.getElementById('{view}').layout.title.text"), view
+    assert "(layer 3, head 2)" in p.js("document.getElementById('info').textContent")
+    shape = p.js("document.getElementById('grid').layout.shapes[0]")
+    assert (round(shape["x0"] + 0.5), round(shape["y0"] + 0.5)) == (1, 1)  # the grid's cell of layer 3, head 2
+    text = p.js("document.body.textContent")
+    assert "layers 1, 3 of the model's 4 layers" in text
+    note = p.js("document.getElementById('resolution').textContent")
+    assert set(re.findall(r"L\d+ H\d+", note)) == {"L1 H0", "L1 H2", "L3 H0", "L3 H2"}
+    p.shot("subset-labels")
+    assert p.errors == []

@@ -2,8 +2,12 @@
 inline by `page`). It draws nothing itself: every plot is a plotly trace. Kept in a Python
 module so that the workflow's code fingerprint (oattn_lib.fingerprint) sees a change to it.
 
-State: the sample, the selected head (unit u = layer * n_head + head), the grid's metric, the
-diffusion map's colouring and the tree level whose folder boundaries are drawn. Every change
+State: the sample, the selected head (unit u = position of its layer * n_head + position of its
+head among the stored ones), the grid's metric, the diffusion map's colouring and the tree level
+whose folder boundaries are drawn. Every label shows the model's own indices (`meta.layers`,
+`meta.heads`: a store may hold a subset of the model's layers and heads). Entries the model
+masks (its layer's mask, `mask_rules` in encode) are null in every view's z, so plotly leaves
+them to the grey plot background, and their hover text says "masked". Every change
 goes through `schedule`, which serialises renders; `window.oattn.idle()` resolves once the
 page shows the newest state (the browser tests wait on it).
 """
@@ -21,7 +25,20 @@ const PCONF = {displaylogo: false, responsive: true};
 const VIEWS = ["raw", "org3d", "org2d", "resid"];
 const cache = new Map();
 
-function unitName(u) { return "L" + Math.floor(u / NH) + " H" + (u % NH); }
+// the model's own indices of the stored layers and heads (positions 0.. index them)
+const LID = M.layers || range(NL), HID = M.heads || range(NH);
+const layerOf = (u) => LID[Math.floor(u / NH)], headOf = (u) => HID[u % NH];
+function unitName(u) { return "L" + layerOf(u) + " H" + headOf(u); }
+// the unit of the model's (layer, head), -1 where the page does not hold it
+function unitOf(layer, head) {
+  const l = LID.indexOf(+layer), h = HID.indexOf(+head);
+  return l < 0 || h < 0 ? -1 : l * NH + h;
+}
+// masked entries show the plot's background: a grey that neither colour scale has (plotly's own
+// RdBu is grey at 0, so the residual uses ColorBrewer's, white at 0: negative red, positive blue)
+const MASKED_BG = "#9e9e9e";
+const RESID_SCALE = [[0, "#b2182b"], [0.25, "#ef8a62"], [0.45, "#fddbc7"], [0.5, "#f7f7f7"], [0.55, "#d1e5f0"],
+                     [0.75, "#67a9cf"], [1, "#2166ac"]];
 
 // -- data: base64 -> gzip -> 8-bit codes -> values ---------------------------------------
 async function inflate(b64) {
@@ -41,9 +58,27 @@ async function decode(block, sizes) {
   });
   return out;
 }
+// a layer's mask in token order (1 = the model may attend), from its rule: a band of key - query
+// offsets (causal: [-(n - 1), 0]) or numpy's packbits of the mask (most significant bit first)
+async function maskOf(rule, nq, nk) {
+  const A = new Uint8Array(nq * nk);
+  if (rule.band) {
+    const [lo, hi] = rule.band;
+    for (let i = 0; i < nq; i++) for (let j = 0; j < nk; j++) A[i * nk + j] = (j - i >= lo && j - i <= hi) ? 1 : 0;
+  } else {
+    const bits = await inflate(rule.bits);
+    for (let k = 0; k < A.length; k++) A[k] = (bits[k >> 3] >> (7 - (k & 7))) & 1;
+  }
+  return A;
+}
 async function sampleData(pos) {
   if (cache.has(pos)) return cache.get(pos);
-  const S = D.samples[pos], nq = M.n_query, nk = M.n_key, d = {full: new Map(), resid: new Map(), lod: null};
+  const S = D.samples[pos], nq = M.n_query, nk = M.n_key,
+    d = {full: new Map(), resid: new Map(), lod: null, masks: [], layerMask: null};
+  if (S.mask) {
+    d.masks = await Promise.all(S.mask.rules.map((r) => maskOf(r, nq, nk)));
+    d.layerMask = S.mask.layers;
+  }
   if (S.full) {
     const raw = await decode(S.full.raw, S.full.units.map(() => nq * nk));
     S.full.units.forEach((u, i) => d.full.set(u, raw[i]));
@@ -65,39 +100,63 @@ async function sampleData(pos) {
 // -- the four views of a head -------------------------------------------------------------
 // A view: its base z (rows x cols, at full resolution or the level of detail), row and column
 // edges in token positions of the view's order, the row and column trees (order, boundary
-// depths) and, where the head is shipped at full resolution, `src`: the flat head and the row
-// and column orders that lay it out in this view (what a zoom shows at full resolution).
+// depths: the view's rows are tokens rt.order, its columns ct.order) and, where the head is
+// shipped at full resolution, `src`: the flat head and the row and column orders that lay it
+// out in this view (what a zoom shows at full resolution), with the head's mask (token order)
+// and the orders that lay the mask out the same way. Masked entries are null.
 const ZOOM_CELLS = 65536;
 function range(n) { return Array.from({length: n}, (_, i) => i); }
 function sub(src, r0, r1, c0, c1) {
-  const out = [];
+  const out = [], A = src.A, nk = src.nk;
   for (let i = r0; i < r1; i++) {
-    const row = new Array(c1 - c0), base = src.ro[i] * src.nk;
-    for (let j = c0; j < c1; j++) row[j - c0] = src.X[base + src.co[j]];
+    const row = new Array(c1 - c0), base = src.ro[i] * nk, mbase = A ? src.mro[i] * nk : 0;
+    for (let j = c0; j < c1; j++) row[j - c0] = A && !A[mbase + src.mco[j]] ? null : src.X[base + src.co[j]];
     out.push(row);
   }
   return out;
+}
+// a level of detail's blocks (edges r, c in the view's order; view rows are tokens ro, columns
+// co) with no allowed entry of mask A become null: their means are over the allowed entries only
+function maskBlocks(z, A, ro, co, r, c, nk) {
+  if (!A) return z;
+  const nc = c.length - 1, any = new Uint8Array((r.length - 1) * nc);
+  const blockOf = (e) => {
+    const out = new Int32Array(e[e.length - 1]);
+    for (let b = 0; b + 1 < e.length; b++) out.fill(b, e[b], e[b + 1]);
+    return out;
+  };
+  const rb = blockOf(r), cb = blockOf(c);
+  for (let i = 0; i < ro.length; i++) {
+    const base = ro[i] * nk, bi = rb[i] * nc;
+    for (let j = 0; j < co.length; j++) if (A[base + co[j]]) any[bi + cb[j]] = 1;
+  }
+  return z.map((row, i) => row.map((v, j) => any[i * nc + j] ? v : null));
+}
+function allowedOf(d, u) {
+  const i = d.layerMask ? d.layerMask[Math.floor(u / NH)] : -1;
+  return i >= 0 ? d.masks[i] : null;
 }
 function reshape(z, nr, nc) {
   return range(nr).map((i) => Array.from(z.subarray(i * nc, (i + 1) * nc)));
 }
 async function views(pos, u) {
   const S = D.samples[pos], d = await sampleData(pos), nq = M.n_query, nk = M.n_key;
-  const o2 = S.o2d[u], X = d.full.get(u), R = d.resid.get(u);
+  const o2 = S.o2d[u], X = d.full.get(u), R = d.resid.get(u), A = allowedOf(d, u);
   const id = {order: range(nq)}, idk = {order: range(nk)};
-  const src = (Y, ro, co) => Y ? {X: Y, ro: ro, co: co, nk: nk} : null;
-  const specs = {raw: [id, idk, src(X, id.order, idk.order)],
-                 org3d: [S.tree_q, S.tree_k, src(X, S.tree_q.order, S.tree_k.order)]};
+  // the head X is in token order, the residual R in its own 2-D order; the mask A in token order
+  const src = (Y, ro, co, mro, mco) => Y ? {X: Y, ro: ro, co: co, nk: nk, A: A, mro: mro, mco: mco} : null;
+  const specs = {raw: [id, idk, src(X, id.order, idk.order, id.order, idk.order)],
+                 org3d: [S.tree_q, S.tree_k, src(X, S.tree_q.order, S.tree_k.order, S.tree_q.order, S.tree_k.order)]};
   if (o2) {
-    specs.org2d = [o2.rows, o2.cols, src(X, o2.rows.order, o2.cols.order)];
-    specs.resid = [o2.rows, o2.cols, src(R, id.order, idk.order)];
+    specs.org2d = [o2.rows, o2.cols, src(X, o2.rows.order, o2.cols.order, o2.rows.order, o2.cols.order)];
+    specs.resid = [o2.rows, o2.cols, src(R, id.order, idk.order, o2.rows.order, o2.cols.order)];
   }
   const v = {};
   if (!d.lod) {
     Object.entries(specs).forEach(([name, [rt, ct, sr]]) => {
       if (!sr) return;
       v[name] = {z: sub(sr, 0, nq, 0, nk), r: range(nq + 1), c: range(nk + 1), rt: rt, ct: ct, src: null,
-                 res: "full resolution " + nq + " × " + nk};
+                 masked: !!A, res: "full resolution " + nq + " × " + nk};
     });
     return v;
   }
@@ -106,7 +165,8 @@ async function views(pos, u) {
   if (two && o2) { lod.org2d = [L.edges2d[u], two.org]; lod.resid = [L.edges2d[u], two.res]; }
   Object.entries(lod).forEach(([name, [e, z]]) => {
     const [rt, ct, sr] = specs[name], nr = e.rows.length - 1, nc = e.cols.length - 1;
-    v[name] = {z: reshape(z, nr, nc), r: e.rows, c: e.cols, rt: rt, ct: ct, src: sr,
+    v[name] = {z: maskBlocks(reshape(z, nr, nc), A, rt.order, ct.order, e.rows, e.cols, nk), r: e.rows, c: e.cols,
+               rt: rt, ct: ct, src: sr, masked: !!A,
                res: "level of detail " + nr + " × " + nc + " of " + nq + " × " + nk +
                     (sr ? "; zoom in for full resolution" : "")};
   });
@@ -135,11 +195,20 @@ function lines(view, level) {
   return {type: "scatter", mode: "lines", x: x, y: y, hoverinfo: "skip", showlegend: false,
           line: {color: "rgba(255,255,255,0.85)", width: 1}};
 }
+// the colour range of a view: over the entries the model may attend to only
 function zrange(view) {
   const zr = [Infinity, -Infinity], upd = (x) => { if (x < zr[0]) zr[0] = x; if (x > zr[1]) zr[1] = x; };
-  if (view.src) view.src.X.forEach(upd); else view.z.forEach((row) => row.forEach(upd));
-  return zr;
+  const s = view.src;
+  if (s && s.A) {
+    for (let i = 0; i < s.ro.length; i++) {
+      const base = s.ro[i] * s.nk, mbase = s.mro[i] * s.nk;
+      for (let j = 0; j < s.co.length; j++) if (s.A[mbase + s.mco[j]]) upd(s.X[base + s.co[j]]);
+    }
+  } else if (s) s.X.forEach(upd);
+  else view.z.forEach((row) => row.forEach((x) => { if (x !== null) upd(x); }));
+  return zr[0] <= zr[1] ? zr : null;  // null: nothing allowed
 }
+const fmt = (x) => x === null ? "masked (the model does not attend here)" : "value " + (+x).toPrecision(4);
 const TITLES = {raw: "raw head (token order)", org3d: "network's 3-D organization",
                 org2d: "own 2-D organization", resid: "paraproduct residual (softmax − approx.)"};
 // the heatmap of a view: its base, or inside a zoom window `w` the full-resolution block
@@ -154,9 +223,10 @@ function heatmap(name, view, zr, pos, w) {
   const nr = r.length - 1, nc = c.length - 1;
   const rl = range(nr).map((i) => folderLabel(S.tokens, view.rt.order, r[i], r[i + 1]));
   const cl = range(nc).map((j) => folderLabel(S.key_tokens, view.ct.order, c[j], c[j + 1]));
-  const heat = {type: "heatmap", z: z, x: c, y: r, text: rl.map((a) => cl.map((b) => "query " + a + "<br>key " + b)),
-    hovertemplate: "%{text}<br>value %{z:.4g}<extra></extra>", colorbar: {thickness: 10}};
-  Object.assign(heat, name === "resid" ? {colorscale: "RdBu", reversescale: true, zmid: 0,
+  const heat = {type: "heatmap", z: z, x: c, y: r, hoverongaps: true,
+    text: rl.map((a, i) => cl.map((b, j) => "query " + a + "<br>key " + b + "<br>" + fmt(z[i][j]))),
+    hovertemplate: "%{text}<extra></extra>", colorbar: {thickness: 10}};
+  Object.assign(heat, name === "resid" ? {colorscale: RESID_SCALE, zmid: 0,
     zmin: -Math.max(1e-12, -zr[0], zr[1]), zmax: Math.max(1e-12, -zr[0], zr[1])} :
     {colorscale: "Viridis", zmin: zr[0], zmax: zr[1]});
   return [heat, res];
@@ -179,7 +249,9 @@ function redraw(name, w) {
   const [heat, res] = heatmap(name, view, st.zr, st.pos, w);
   const nr = view.r[view.r.length - 1], nc = view.c[view.c.length - 1];
   const xr = w ? [w.c0, w.c1] : [0, nc], yr = w ? [w.r1, w.r0] : [nr, 0];
-  const layout = {title: {text: TITLES[name] + "<br><sub>" + res + "</sub>", font: {size: 13}},
+  const layout = {title: {text: TITLES[name] + ", " + unitName(state.unit) + "<br><sub>" + res +
+      (view.masked ? "; grey: masked by the model" : "") + "</sub>", font: {size: 13}},
+    plot_bgcolor: MASKED_BG,
     margin: {l: 40, r: 10, t: 50, b: 30}, height: 340, uirevision: st.pos + ":" + state.unit + ":" + (w ? 1 : 0),
     xaxis: {title: {text: "key", standoff: 2}, range: xr, constrain: "domain"},
     yaxis: {title: {text: "query", standoff: 2}, range: yr}};
@@ -221,7 +293,7 @@ function gridColumns() {
 function drawGrid() {
   const cols = gridColumns(), vals = D.metrics[state.metric][state.sample];
   const z = range(NL).map((l) => cols.map((h) => vals[l * NH + h]));
-  const tx = range(NL).map((l) => cols.map((h) => "layer " + l + ", head " + h +
+  const tx = range(NL).map((l) => cols.map((h) => "layer " + LID[l] + ", head " + HID[h] +
     (M.kv_group ? " (KV group " + M.kv_group[l * NH + h] + ")" : "") +
     (M.units_2d.includes(l * NH + h) ? "<br>2-D organization computed" : "")));
   const col = cols.indexOf(state.unit % NH), lay = Math.floor(state.unit / NH);
@@ -239,12 +311,12 @@ function drawGrid() {
     hovertemplate: "%{text}<br>" + state.metric + ": %{z:.4g}<extra></extra>", colorscale: "Cividis",
     colorbar: {thickness: 10}}, dots], {margin: {l: 50, r: 10, t: 10, b: 50}, height: 320, shapes: shapes,
     xaxis: {title: {text: M.kv_group ? "head (grouped by KV head)" : "head"}, tickvals: range(cols.length),
-            ticktext: cols.map((h) => M.kv_group ? h + "·g" + M.kv_group[h] : String(h))},
-    yaxis: {title: {text: "layer"}, autorange: "reversed", tickvals: range(NL)}}, PCONF);
+            ticktext: cols.map((h) => M.kv_group ? HID[h] + "·g" + M.kv_group[h] : String(HID[h]))},
+    yaxis: {title: {text: "layer"}, autorange: "reversed", tickvals: range(NL), ticktext: LID.map(String)}}, PCONF);
 }
 function drawDiffusion() {
   const S = D.samples[state.sample], tl = S.tree_h.length - 1, lev = Math.min(state.level, tl);
-  const colour = {layer: (u) => Math.floor(u / NH), kv: (u) => M.kv_group[u],
+  const colour = {layer: layerOf, kv: (u) => M.kv_group[u],
     folder: (u) => S.tree_h[lev][u], metric: (u) => D.metrics[state.metric][state.sample][u]}[state.colorBy];
   const us = range(NU), x = us.map((u) => S.diffusion[u][0]), y = us.map((u) => S.diffusion[u][1]);
   const title = {layer: "layer", kv: "KV group", folder: "head-tree folder (level " + lev + ")",
@@ -262,7 +334,7 @@ function drawDiffusion() {
 }
 function drawInfo() {
   const u = state.unit, S = D.samples[state.sample], o2 = S.o2d[u], f = (v) => v == null ? "–" : (+v).toPrecision(4);
-  const parts = ["<b>" + unitName(u) + "</b> (layer " + Math.floor(u / NH) + ", head " + (u % NH) +
+  const parts = ["<b>" + unitName(u) + "</b> (layer " + layerOf(u) + ", head " + headOf(u) +
     (M.kv_group ? ", KV group " + M.kv_group[u] : "") + ")", "sample " + S.sample +
     (S.info.label != null ? " (image label " + S.info.label + ")" : "")];
   metricNames.forEach((m) => parts.push(m + ": " + f(D.metrics[m][state.sample][u])));
@@ -283,10 +355,11 @@ let pending = Promise.resolve(), renders = 0;
 async function renderNow() {
   const pos = state.sample, v = await views(pos, state.unit);
   const zr = [Infinity, -Infinity];
-  [v.raw, v.org3d, v.org2d].filter(Boolean).map(zrange).forEach(([a, b]) => {
+  [v.raw, v.org3d, v.org2d].filter(Boolean).map(zrange).filter(Boolean).forEach(([a, b]) => {
     zr[0] = Math.min(zr[0], a); zr[1] = Math.max(zr[1], b); });
+  if (zr[0] > zr[1]) { zr[0] = 0; zr[1] = 0; }
   await Promise.all([drawGrid(), drawDiffusion(),
-    ...VIEWS.map((n) => drawView(n, v[n], n === "resid" && v[n] ? zrange(v[n]) : zr, pos))]);
+    ...VIEWS.map((n) => drawView(n, v[n], n === "resid" && v[n] ? zrange(v[n]) || [0, 0] : zr, pos))]);
   drawInfo(); drawTables();
 }
 // every change of what the page shows goes through here, one at a time
@@ -346,8 +419,9 @@ function setupTables() {
       row.forEach((v) => { const td = document.createElement("td"); td.textContent = v == null ? "" :
         (typeof v === "number" && !Number.isInteger(v) ? v.toPrecision(4) : String(v));
         td.dataset.v = v == null ? "" : String(v); tr.appendChild(td); });
-      if (T.select === "head" && li >= 0 && hi >= 0) {
-        tr.dataset.unit = row[li] * NH + row[hi]; tr.onclick = () => select(tr.dataset.unit);
+      if (T.select === "head" && li >= 0 && hi >= 0 && unitOf(row[li], row[hi]) >= 0) {
+        // tables name heads by the model's indices
+        tr.dataset.unit = unitOf(row[li], row[hi]); tr.onclick = () => select(tr.dataset.unit);
       } else if (T.select === "sample") {
         const s = row[T.columns.indexOf("sample")], pos = D.samples.findIndex((S) => S.sample === s);
         tr.dataset.sample = s; if (pos >= 0) tr.onclick = () => setSample(pos);

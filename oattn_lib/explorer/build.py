@@ -13,7 +13,7 @@ from .encode import Plan, encode_sample, encoded_bytes, full_head_bytes, plan, r
 
 log = logging.getLogger("oattn")
 
-__all__ = ["model_payload", "figure_units", "table_payload", "ablation_metrics"]
+__all__ = ["model_payload", "figure_units", "table_payload", "ablation_metrics", "units_of"]
 
 # the rankings of the prune stage (oattn_lib.ablation.RANKINGS) that score heads by something
 # other than the Haar entropy the grid already shows; random orders score nothing
@@ -21,20 +21,37 @@ _NOT_A_HEAD_SCORE = ("Haar entropy", "random")
 
 
 def figure_units(figure_heads, n_layer: int, n_head: int) -> list[int]:
-    """Units of the config's figure heads ((layer, head) pairs, negative counting from the end)."""
+    """Units of the config's figure heads ((layer, head) pairs: positions among the stored layers
+    and heads, negative counting from the end, as oattn_lib.units.resolve_unit reads them)."""
     out = []
     for layer, head in figure_heads:
         lay, hd = int(layer) % n_layer, int(head) % n_head
         if not (-n_layer <= int(layer) < n_layer and -n_head <= int(head) < n_head):
-            raise ValueError(f"figure_heads: ({layer}, {head}) is outside the model's {n_layer} layers x "
+            raise ValueError(f"figure_heads: ({layer}, {head}) is outside the stored {n_layer} layers x "
                              f"{n_head} heads")
         out.append(lay * n_head + hd)
     return out
 
 
-def ablation_metrics(rankings_csv, n_layer: int, n_head: int) -> dict:
+def units_of(layers, heads, stored_layers, stored_heads, where: str) -> np.ndarray:
+    """Units (positions in the stored layer x head grid) of heads named by the model's (layer,
+    head) indices; ValueError naming `where` for a head the stores do not hold."""
+    sl, sh = np.asarray(stored_layers), np.asarray(stored_heads)
+    lay, hd = np.asarray(layers, dtype=np.int64), np.asarray(heads, dtype=np.int64)
+    li, hi = np.searchsorted(sl, lay), np.searchsorted(sh, hd)
+    bad = (li >= sl.size) | (hi >= sh.size)
+    bad |= ~bad & ((sl[np.minimum(li, sl.size - 1)] != lay) | (sh[np.minimum(hi, sh.size - 1)] != hd))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{where}: layer {lay[i]}, head {hd[i]} is not among the stored layers {sl.tolist()} x "
+                         f"heads {sh.tolist()}")
+    return li * sh.size + hi
+
+
+def ablation_metrics(rankings_csv, layers, heads) -> dict:
     """Per-head scores of the prune stage's rankings (gradient importance and the like), as
-    {name: (unit,) values}; {} without a rankings file."""
+    {name: (unit,) values}; {} without a rankings file. `layers`, `heads`: the model's indices of
+    the stored layers and heads (the rankings name heads by the model's indices)."""
     if rankings_csv is None:
         return {}
     df = pd.read_csv(rankings_csv)
@@ -42,8 +59,8 @@ def ablation_metrics(rankings_csv, n_layer: int, n_head: int) -> dict:
     for name, g in df[df["order"] == 0].groupby("ranking", sort=False):
         if name.startswith(_NOT_A_HEAD_SCORE) or g["score"].isna().all():
             continue
-        v = np.full(n_layer * n_head, np.nan)
-        v[g["layer"].to_numpy() * n_head + g["head"].to_numpy()] = g["score"].to_numpy()
+        v = np.full(len(layers) * len(heads), np.nan)
+        v[units_of(g["layer"], g["head"], layers, heads, f"{rankings_csv}: ranking {name!r}")] = g["score"].to_numpy()
         out[f"ablation: {name}"] = v
     return out
 
@@ -91,6 +108,8 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
         raise ValueError(f"{entropy_store}: {n_s} samples, the explorer was given {len(attention_stores)}")
     n_layer, n_head = ent.sizes["layer"], ent.sizes["head"]
     n_units = n_layer * n_head
+    # the model's indices of the stored layers and heads: every label of the page shows these
+    layers, heads = [int(v) for v in ent["layer"].values], [int(v) for v in ent["head"].values]
     entropy = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
     sparsity = ent["head_sparsity"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
     fig_units = figure_units(figure_heads, n_layer, n_head)
@@ -111,19 +130,27 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
     p = plan(n_q, n_k, n_units, n_s, units2d, max_side, data_bytes,
              sample_bytes=_measured(s0, orgs0, n_q, n_k, n_units),
              head_bytes=int(1.1 * full_head_bytes(s0, orgs0, units2d[0] if units2d else 0)))
+    model_size = s0.info["model_layers"], s0.info["model_heads"]
+    masked = False
     for i in range(n_s):
         s, orgs = (s0, orgs0) if i == 0 else load(i)
         if s.x.shape[1:] != (n_q, n_k):
             raise ValueError(f"{paths[i][0]}: {s.x.shape[1:]} tokens, sample 0 has {(n_q, n_k)}")
+        if (s.info["layers"], s.info["heads"]) != (layers, heads):
+            raise ValueError(f"{paths[i][0]}: holds layers {s.info['layers']} x heads {s.info['heads']}, "
+                             f"the entropy store {entropy_store} layers {layers} x heads {heads}")
         kv = s.info["kv_group"]
+        masked |= s.layer_allowed is not None
         samples.append(encode_sample(s, orgs, p, i))
         log.info("explorer %s: sample %d encoded (%d heads organized in 2-D)", model, i, len(orgs))
         s0 = orgs0 = None  # one sample in memory at a time
     metrics = {"Haar entropy (coarsest l1)": [round_values(v) for v in entropy],
                "l1/l2 sparsity (lower is sparser)": [round_values(v) for v in sparsity]}
-    for name, v in ablation_metrics(rankings_csv, n_layer, n_head).items():
+    for name, v in ablation_metrics(rankings_csv, layers, heads).items():
         metrics[name] = [round_values(v)] * n_s
     meta = {"model": model, "kind": kind, "quantity": quantity, "n_layer": n_layer, "n_head": n_head,
+            "layers": layers, "heads": heads, "model_layers": model_size[0], "model_heads": model_size[1],
+            "masked": masked,
             "n_query": n_q, "n_key": n_k, "n_samples": n_s, "crop": list(crop) if crop is not None else None,
             "kv_group": kv.reshape(-1).tolist() if kv is not None else None,
             "figure_units": fig_units, "units_2d": units2d, "heads_2d": heads_2d,

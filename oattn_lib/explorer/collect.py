@@ -24,15 +24,18 @@ from ..trees import PartitionTree
 log = logging.getLogger("oattn")
 
 __all__ = ["Sample", "HeadOrganization", "read_sample", "organize_head", "token_labels", "unit_grid",
-           "kv_groups", "heads_for_2d"]
+           "kv_groups", "heads_for_2d", "layer_masks"]
 
 
 @dataclass(frozen=True, eq=False)
 class Sample:
     """One sample of a model, heads by unit: x (unit, query, key) the analysed quantity,
     logits (unit, query, key) the pre-softmax scores, the network's 3-D organization, the
-    diffusion coordinates of the heads (unit, component), the token labels, and `allowed`:
-    {unit: the model's own mask of the head (None: nothing masked)} for the units asked for."""
+    diffusion coordinates of the heads (unit, component), the token labels, `allowed`:
+    {unit: the model's own mask of the head (None: nothing masked)} for the units asked for, and
+    `layer_allowed` (layer, query, key): every stored layer's mask (None: nothing masked; unit u
+    has its layer's, u // n_head). `info` holds the model's indices of the stored layers and
+    heads (`layers`, `heads`): unit u is layer layers[u // n_head], head heads[u % n_head]."""
 
     index: int
     x: np.ndarray
@@ -45,6 +48,7 @@ class Sample:
     key_tokens: list[str]
     info: dict
     allowed: dict
+    layer_allowed: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,6 +109,25 @@ def kv_groups(ds: xr.Dataset, n_layer: int, n_head: int) -> np.ndarray | None:
     return g.transpose("layer", "head").values.astype(np.int64)
 
 
+def layer_masks(ds: xr.Dataset, crop=None, where: str = "attention store") -> np.ndarray | None:
+    """The model's own mask of every stored layer, (layer, query, key) bool in the store's layer
+    order, True where the heads may attend: the store's `allowed`, or for a store written before
+    it existed, the entries every head of the layer gives probability exactly 0 (as
+    stages.common.model_mask reads it); None where nothing is masked."""
+    if "allowed" in ds.variables:
+        ok = ds["allowed"].transpose("layer", "query", "key").values.astype(bool)
+    elif "probs" in ds.variables:
+        ok = ~(ds["probs"] == 0).all("head").transpose("layer", "query", "key").values
+    else:
+        return None
+    if ok.shape[0] != ds.sizes["layer"]:
+        raise ValueError(f"{where}: allowed has {ok.shape[0]} layers, the store {ds.sizes['layer']}")
+    if crop is not None:
+        a, b = int(crop[0]), int(crop[1])
+        ok = ok[:, a:b, a:b]
+    return None if ok.all() else ok
+
+
 def read_sample(index: int, attention_store, organized_store, decomposed_store, quantity: str,
                 crop=None, masks_of=()) -> Sample:
     """The explorer's view of one sample (SPEC 7, 3.2, 6), heads by unit index; the model's mask of
@@ -136,10 +159,17 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     info = {k: ds.attrs[k] for k in ("label", "source_index") if k in ds.attrs}
     info["kv_group"] = kv_groups(ds, n_layer, n_head)
     info["n_layer"], info["n_head"] = n_layer, n_head
+    info["layers"], info["heads"] = [int(v) for v in stored[0]], [int(v) for v in stored[1]]
+    for k in ("model_layers", "model_heads"):
+        info[k] = int(ds.attrs[k]) if k in ds.attrs else None
     allowed = {int(u): model_mask(ds, int(stored[0][u // n_head]), int(stored[1][u % n_head]), lv[u], crop)
                for u in masks_of}
+    masks = layer_masks(ds, crop, str(attention_store))
+    if masks is not None and masks.shape[1:] != xv.shape[1:]:
+        raise ValueError(f"{attention_store}: allowed is {masks.shape[1:]} (crop {crop}), {quantity} "
+                         f"{xv.shape[1:]}")
     return Sample(index, xv, lv, org.tree_q, org.tree_k, tree_h, diff, tokens, labels[start:start + xv.shape[2]],
-                  info, allowed)
+                  info, allowed, masks)
 
 
 def organize_head(logits: np.ndarray, n_iters: int, allowed=None) -> HeadOrganization:

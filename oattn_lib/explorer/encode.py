@@ -10,9 +10,20 @@ gets the level of detail (`lod`): each of the four views averaged over a cut of 
 residual: the head's own trees), at most `side` folders per axis, plus full resolution for as
 many heads as the budget allows, which the page shows where the user zooms in. Every matrix
 is quantised to 8 bits with its own range; the codes are gzipped and base64-encoded.
+
+The model's own mask (a causal decoder's future, a sliding window, padding) is shared by the
+heads of a layer: the page gets it once per distinct layer mask, in token order, as a rule
+where it is one (`band`: the key may be lo..hi positions after the query; causal is
+[-(n - 1), 0]) and as packed bits otherwise (`mask_rules`). The browser masks every view
+of a head with it, permuted with the view's rows and columns. Masked entries take no part in
+a matrix's 8-bit range (they are coded 0) and none in a level of detail's block means
+(`lod.block_mean`): a block the model cannot attend to anywhere is masked, the others are
+means of their allowed entries.
 """
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
@@ -22,7 +33,8 @@ import numpy as np
 from .collect import HeadOrganization, Sample
 from .lod import block_mean, boundary_depth, pack, quantise, tree_cut, uniform_cut
 
-__all__ = ["Plan", "plan", "encode_sample", "encoded_bytes", "full_head_bytes", "estimate_sample_bytes", "round_values", "SIDES"]
+__all__ = ["Plan", "plan", "encode_sample", "encoded_bytes", "full_head_bytes", "estimate_sample_bytes", "round_values",
+           "mask_rules", "allowed_of_rule", "SIDES"]
 
 SIDES = (128, 96, 64, 48, 32, 24, 16, 12, 8)
 _CHUNK = 16  # heads averaged at a time: bounds the memory of a level of detail of long sequences
@@ -98,8 +110,57 @@ def _tree(tree) -> dict:
     return {"order": tree.order.tolist(), "depth": boundary_depth(tree).tolist()}
 
 
+def mask_rules(allowed) -> dict | None:
+    """The page's form of a sample's masks, `allowed` (layer, query, key) bool (None: nothing
+    masked): {"rules": distinct layer masks, "layers": per layer the index of its rule, -1 where
+    the layer masks nothing}, or None when no layer masks anything. A rule is {"band": [lo, hi]}
+    (allowed exactly where lo <= key - query <= hi: causal, sliding windows) or {"bits": the
+    mask's np.packbits, gzip, base64} (padding and any other mask)."""
+    if allowed is None:
+        return None
+    a = np.asarray(allowed)
+    if a.ndim != 3 or a.dtype != bool:
+        raise ValueError(f"allowed: expected a (layer, query, key) boolean array, got {a.dtype} {a.shape}")
+    n_q, n_k = a.shape[1:]
+    any_row = a.any(axis=2)  # (layer, query)
+    first = np.argmax(a, axis=2) - np.arange(n_q)  # key - query of each row's first and last allowed entry
+    last = n_k - 1 - np.argmax(a[:, :, ::-1], axis=2) - np.arange(n_q)
+    lo = np.where(any_row, first, n_k).min(axis=1)[:, None, None]
+    hi = np.where(any_row, last, -n_q).max(axis=1)[:, None, None]
+    d = np.arange(n_k)[None, :] - np.arange(n_q)[:, None]
+    is_band = (((d >= lo) & (d <= hi)) == a).all(axis=(1, 2)) & any_row.any(axis=1)
+    full = a.all(axis=(1, 2))
+    rules, seen, layers = [], {}, []
+    for i in range(a.shape[0]):  # bookkeeping of a few dozen layers: which distinct rule each has
+        if full[i]:
+            layers.append(-1)
+            continue
+        rule = {"band": [int(lo[i, 0, 0]), int(hi[i, 0, 0])]} if is_band[i] else {"bits": pack(np.packbits(a[i]))}
+        key = json.dumps(rule)
+        if key not in seen:
+            seen[key] = len(rules)
+            rules.append(rule)
+        layers.append(seen[key])
+    return {"rules": rules, "layers": layers} if rules else None
+
+
+def allowed_of_rule(rule: dict, n_q: int, n_k: int) -> np.ndarray:
+    """The (query, key) mask a rule of `mask_rules` stands for (what the page draws)."""
+    if "band" in rule:
+        lo, hi = rule["band"]
+        d = np.arange(n_k)[None, :] - np.arange(n_q)[:, None]
+        return (d >= lo) & (d <= hi)
+    bits = np.frombuffer(gzip.decompress(base64.b64decode(rule["bits"])), dtype=np.uint8)
+    return np.unpackbits(bits, count=n_q * n_k).reshape(n_q, n_k).astype(bool)
+
+
+def _masked(x: np.ndarray, allowed) -> np.ndarray:
+    """x with its masked entries NaN (they take no part in its 8-bit range)."""
+    return x if allowed is None else np.where(allowed, x, np.nan)
+
+
 def _quantised(mats) -> dict:
-    """8-bit codes of matrices of any shapes, concatenated; one range each."""
+    """8-bit codes of matrices of any shapes, concatenated; one range each (NaN: masked, coded 0)."""
     mats = list(mats)
     if not mats:
         return {"data": "", "lo": [], "hi": []}
@@ -115,19 +176,32 @@ def round_values(a, digits: int = 5):
     return out.tolist()
 
 
-def _chunked_means(x: np.ndarray, rows, cols, row_order=None, col_order=None):
-    """Block means of every head of x (unit, n, m), optionally permuted first, a few heads at a time."""
+def _chunked_means(x: np.ndarray, rows, cols, row_order=None, col_order=None, allowed=None, n_head: int = 1):
+    """Block means of every head of x (unit, n, m), optionally permuted first, a few heads at a time;
+    `allowed` (layer, n, m): the mask of unit u's layer u // n_head (None: nothing masked)."""
     for a in range(0, x.shape[0], _CHUNK):
         c = x[a:a + _CHUNK]
+        ok = None if allowed is None else allowed[np.arange(a, a + c.shape[0]) // n_head]
         if row_order is not None:
             c = c[:, row_order][:, :, col_order]
-        yield from block_mean(c, rows, cols)
+            ok = None if ok is None else ok[:, row_order][:, :, col_order]
+        yield from block_mean(c, rows, cols, ok)
+
+
+def _unit_allowed(s: Sample, u: int, row_order=None, col_order=None):
+    """The mask of unit u (its layer's), in its token order or permuted; None: nothing masked."""
+    if s.layer_allowed is None:
+        return None
+    a = s.layer_allowed[u // s.info["n_head"]]
+    return a if row_order is None else a[np.ix_(row_order, col_order)]
 
 
 def encode_sample(s: Sample, orgs: dict[int, HeadOrganization], p: Plan, position: int) -> dict:
     """One sample as the page's JSON: tokens, trees (leaf order and boundary depths), diffusion
-    coordinates, the 2-D organizations, and the heads at full resolution and/or level of detail."""
+    coordinates, the 2-D organizations, the model's masks (`mask_rules`; absent when nothing is
+    masked), and the heads at full resolution and/or level of detail."""
     n_units, n_q, n_k = s.x.shape
+    n_head = s.info["n_head"]
     units2d = list(orgs)
     out = {"sample": s.index, "tokens": s.tokens, "key_tokens": s.key_tokens,
            "info": {k: v for k, v in s.info.items() if k in ("label", "source_index")},
@@ -137,11 +211,15 @@ def encode_sample(s: Sample, orgs: dict[int, HeadOrganization], p: Plan, positio
                             "rel": float(o.relative_residual),
                             "rel_unorganized": float(o.relative_residual_unorganized)}
                    for u, o in orgs.items()}}
+    rules = mask_rules(s.layer_allowed)
+    if rules is not None:
+        out["mask"] = rules
     full = sorted(p.full.get(position, []))
     if full:
         fr = [u for u in full if u in orgs]
-        out["full"] = {"units": full, "raw": _quantised(s.x[u] for u in full),
-                       "resid_units": fr, "resid": _quantised(orgs[u].residual for u in fr)}
+        out["full"] = {"units": full, "raw": _quantised(_masked(s.x[u], _unit_allowed(s, u)) for u in full),
+                       "resid_units": fr, "resid": _quantised(_masked(orgs[u].residual, _unit_allowed(
+                           s, u, orgs[u].tree_r.order, orgs[u].tree_c.order)) for u in fr)}
     if p.full_mode:
         return out
     m = p.side
@@ -152,11 +230,14 @@ def encode_sample(s: Sample, orgs: dict[int, HeadOrganization], p: Plan, positio
         o = orgs[u]
         r, c = tree_cut(boundary_depth(o.tree_r), m), tree_cut(boundary_depth(o.tree_c), m)
         edges2d[str(u)] = {"rows": r.tolist(), "cols": c.tolist()}
-        org2.append(block_mean(s.x[u][np.ix_(o.tree_r.order, o.tree_c.order)], r, c))
-        res2.append(block_mean(o.residual, r, c))
-    out["lod"] = {"raw": {"rows": er.tolist(), "cols": ec.tolist(), **_quantised(_chunked_means(s.x, er, ec))},
+        ok = _unit_allowed(s, u, o.tree_r.order, o.tree_c.order)
+        org2.append(block_mean(s.x[u][np.ix_(o.tree_r.order, o.tree_c.order)], r, c, ok))
+        res2.append(block_mean(o.residual, r, c, ok))
+    la = s.layer_allowed
+    out["lod"] = {"raw": {"rows": er.tolist(), "cols": ec.tolist(),
+                          **_quantised(_chunked_means(s.x, er, ec, allowed=la, n_head=n_head))},
                   "org3d": {"rows": e3r.tolist(), "cols": e3c.tolist(),
-                            **_quantised(_chunked_means(s.x, e3r, e3c, s.tree_q.order, s.tree_k.order))},
+                            **_quantised(_chunked_means(s.x, e3r, e3c, s.tree_q.order, s.tree_k.order, la, n_head))},
                   "units2d": units2d, "edges2d": edges2d, "org2d": _quantised(org2), "resid": _quantised(res2)}
     return out
 
@@ -164,9 +245,10 @@ def encode_sample(s: Sample, orgs: dict[int, HeadOrganization], p: Plan, positio
 def full_head_bytes(s: Sample, orgs: dict[int, HeadOrganization], u: int) -> int:
     """Bytes that shipping head `u` of sample `s` at full resolution adds to the page (the head,
     and its residual where it has a 2-D organization)."""
-    extra = {"raw": _quantised([s.x[u]])}
+    extra = {"raw": _quantised([_masked(s.x[u], _unit_allowed(s, u))])}
     if u in orgs:
-        extra["resid"] = _quantised([orgs[u].residual])
+        o = orgs[u]
+        extra["resid"] = _quantised([_masked(o.residual, _unit_allowed(s, u, o.tree_r.order, o.tree_c.order))])
     return encoded_bytes(extra)
 
 

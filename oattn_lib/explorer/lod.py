@@ -10,7 +10,10 @@ and these depths; the browser draws the boundaries of any level from them.
 A heatmap too large to ship whole is shown averaged over a cut of its row and column
 trees: a set of folders, at most `max_side` per axis, that partition the axis (`tree_cut`
 refines the largest folder first). The averages are exact means over the rectangles of
-the cut (`block_mean`), then quantised to 8 bits per matrix (`quantise`).
+the cut (`block_mean`), then quantised to 8 bits per matrix (`quantise`). A head the model
+masks (a causal decoder) is averaged over the entries it may attend to only: a rectangle
+mixing masked and allowed entries is the mean of the allowed ones, one with none is NaN
+(masked), never a mean of the pre-mask scores the model does not use.
 """
 from __future__ import annotations
 
@@ -76,26 +79,44 @@ def uniform_cut(n: int, max_folders: int) -> np.ndarray:
     return tree_cut(boundary_depth(balanced_tree(np.arange(n))), max_folders)
 
 
-def block_mean(x: np.ndarray, row_edges: np.ndarray, col_edges: np.ndarray) -> np.ndarray:
+def _block_sum(x: np.ndarray, r: np.ndarray, c: np.ndarray) -> np.ndarray:
+    return np.add.reduceat(np.add.reduceat(x, r[:-1], axis=-2), c[:-1], axis=-1)
+
+
+def block_mean(x: np.ndarray, row_edges: np.ndarray, col_edges: np.ndarray, allowed=None) -> np.ndarray:
     """Means of x (..., n, m) over the rectangles of row_edges x col_edges (positions in x's
-    own order): (..., len(row_edges) - 1, len(col_edges) - 1)."""
+    own order): (..., len(row_edges) - 1, len(col_edges) - 1). `allowed` (bool, broadcastable
+    to x, in x's order; None: every entry): the mean of each rectangle is over its allowed
+    entries only, NaN where it has none (the masked entries' values are never read)."""
     x = np.asarray(x, dtype=np.float64)
     r, c = np.asarray(row_edges), np.asarray(col_edges)
     if r[0] != 0 or r[-1] != x.shape[-2] or c[0] != 0 or c[-1] != x.shape[-1]:
         raise ValueError(f"row_edges/col_edges: must run from 0 to the shape {x.shape[-2:]}, "
                          f"got {r[0]}..{r[-1]} and {c[0]}..{c[-1]}")
-    s = np.add.reduceat(np.add.reduceat(x, r[:-1], axis=-2), c[:-1], axis=-1)
-    return s / np.outer(np.diff(r), np.diff(c))
+    if allowed is None:
+        return _block_sum(x, r, c) / np.outer(np.diff(r), np.diff(c))
+    a = np.asarray(allowed)
+    if a.dtype != bool or a.shape[-2:] != x.shape[-2:]:
+        raise ValueError(f"allowed: expected a boolean mask of shape (..., {x.shape[-2]}, {x.shape[-1]}), "
+                         f"got {a.dtype} {a.shape}")
+    count = _block_sum(a.astype(np.float64), r, c)
+    s = _block_sum(np.where(a, x, 0.0), r, c)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, s / count, np.nan)
 
 
 def quantise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """8-bit codes of x (..., n, m), one linear scale per matrix: (codes uint8, lo, hi), with
-    x ~ lo + codes / 255 * (hi - lo) to within (hi - lo) / 510."""
+    x ~ lo + codes / 255 * (hi - lo) to within (hi - lo) / 510. NaN entries (masked) take no
+    part in the range and are coded 0 (the page knows them from the mask); a matrix of NaN
+    only has lo = hi = 0."""
     x = np.asarray(x, dtype=np.float64)
-    lo = x.min(axis=(-2, -1), keepdims=True)
-    hi = x.max(axis=(-2, -1), keepdims=True)
+    nan = np.isnan(x)
+    lo = np.where(nan, np.inf, x).min(axis=(-2, -1), keepdims=True)
+    hi = np.where(nan, -np.inf, x).max(axis=(-2, -1), keepdims=True)
+    lo, hi = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
     span = np.where(hi > lo, hi - lo, 1.0)
-    codes = np.rint((x - lo) / span * 255).astype(np.uint8)
+    codes = np.rint(np.where(nan, 0.0, (x - lo) / span * 255)).astype(np.uint8)
     return codes, lo[..., 0, 0], hi[..., 0, 0]
 
 

@@ -8,7 +8,7 @@ import os
 
 from .app_js import APP_JS
 
-__all__ = ["render_page", "render_index", "resolution_note", "read_meta"]
+__all__ = ["render_page", "render_index", "resolution_note", "read_meta", "unit_name", "stored_heads_note"]
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
@@ -59,10 +59,33 @@ BODY = """
 """
 
 
+def unit_name(meta: dict, u: int) -> str:
+    """Unit u's name on the page, by the model's own layer and head indices (a store may hold a
+    subset: its `layers` and `heads`), as the page's script names it."""
+    nh = meta["n_head"]
+    layers, heads = meta.get("layers") or range(meta["n_layer"]), meta.get("heads") or range(nh)
+    return f"L{layers[u // nh]} H{heads[u % nh]}"
+
+
+def stored_heads_note(meta: dict) -> str:
+    """Which of the model's layers and heads the page holds: all, or the subset by the model's
+    indices (extract.layers / extract.heads)."""
+    nl, nh = meta["n_layer"], meta["n_head"]
+    layers, heads = meta.get("layers") or list(range(nl)), meta.get("heads") or list(range(nh))
+    ml, mh = meta.get("model_layers"), meta.get("model_heads")
+    every_layer = layers == list(range(nl)) and ml in (None, nl)
+    every_head = heads == list(range(nh)) and mh in (None, nh)
+    if every_layer and every_head:
+        return f"{nl} layers × {nh} heads"
+    of = lambda m, what: f" of the model's {m} {what}" if m else ""  # noqa: E731
+    return (f"layers {', '.join(map(str, layers))}{of(ml, 'layers')} × heads {', '.join(map(str, heads))}"
+            f"{of(mh, 'heads')} (a subset of the model, labelled by the model's indices)")
+
+
 def resolution_note(meta: dict) -> list[str]:
     """Sentences for the page saying what it shows at which resolution, from the build's plan."""
     p, nq, nk = meta["plan"], meta["n_query"], meta["n_key"]
-    name = lambda u: f"L{u // meta['n_head']} H{u % meta['n_head']}"  # noqa: E731
+    name = lambda u: unit_name(meta, u)  # noqa: E731
     out = []
     if p["full_mode"]:
         out.append(f"Every head of every sample at full resolution ({nq} × {nk} tokens).")
@@ -77,6 +100,11 @@ def resolution_note(meta: dict) -> list[str]:
             "; ".join(f"sample {s}: " + ", ".join(name(u) for u in us) for s, us in full.items())
             if full else "none within the budget") + ".")
     out.append("Values are quantised to 8 bits per matrix (steps of 1/255 of its range); hover shows them.")
+    if meta.get("masked"):
+        out.append("Entries the model may not attend to (its own mask: a causal decoder's future, a sliding window, "
+                   "padding) are drawn grey, with the hover text 'masked', in every view of a head (permuted with "
+                   "the view's rows and columns); they take no part in the colour range. A level-of-detail block "
+                   "is the mean of its allowed entries only, and grey where it has none.")
     out.append(f"Own 2-D organization (questionnaire2d, {meta['questionnaire2d_iters']} iterations, on the "
                f"pre-softmax scores) and paraproduct residual: computed at build time for "
                f"{len(meta['units_2d'])} of {meta['n_layer'] * meta['n_head']} heads per sample (explorer.heads_2d = "
@@ -102,7 +130,7 @@ def render_page(payload: dict, plotly_js: str | None = None) -> str:
         plotly_js = get_plotlyjs()
     m = payload["meta"]
     q = m["quantity"]
-    subtitle = (f"{m['kind']} model, {m['n_layer']} layers × {m['n_head']} heads, {m['n_query']} tokens, "
+    subtitle = (f"{m['kind']} model, {stored_heads_note(m)}, {m['n_query']} tokens, "
                 f"{m['n_samples']} samples; heads show the {'post-softmax probabilities' if q == 'probs' else 'pre-softmax scores'} "
                 f"({q}). Fasina et al., Intrinsic and Extrinsic Organized Attention.")
     notes = "".join(f"<p class='note'>{html.escape(s)}</p>" for s in resolution_note(m))
@@ -142,7 +170,7 @@ def render_index(models: list[dict], index_path) -> str:
         size = os.path.getsize(m["path"]) / 1e6 if os.path.exists(m["path"]) else float("nan")
         res = "full" if meta["plan"]["full_mode"] else f"level of detail ≤ {meta['plan']['side']}²"
         rows.append(f"<tr><td><a href='{html.escape(href)}'>{html.escape(meta['model'])}</a></td>"
-                    f"<td>{html.escape(meta['kind'])}</td><td>{meta['n_layer']} × {meta['n_head']}</td>"
+                    f"<td>{html.escape(meta['kind'])}</td><td>{html.escape(stored_heads_note(meta))}</td>"
                     f"<td>{meta['n_query']}</td><td>{meta['n_samples']}</td><td>{res}</td><td>{size:.1f} MB</td></tr>")
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>oattn explorer</title>"
             f"<link rel='icon' href='data:,'><style>{CSS}</style></head><body>"
