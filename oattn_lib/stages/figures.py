@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,11 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     summary) and `temperature_finding` (the sentence the caption includes). `crop` is the
     model's extract.crop, the window the decompose stage analysed.
     """
+    start = time.perf_counter()
+
+    def done(what):
+        log.info("%s: %.1f s", what, time.perf_counter() - start)
+
     # every variable but the coefficients (1.1 GB each of bi- and tri-Haar at 1024 tokens x 270
     # heads), whose two figure heads' columns are read below
     dec0 = store.read_store(decomposed_stores[0], lazy=True)
@@ -51,6 +57,7 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
                                       f"{model_name}, head {names[i]}, sample 0"), outs["fig2"])
     plots.save(plots.fig3_head_geometry(dec0["diffusion_coords"].values, org0.affinity_h,
                                         org0.tree_h.labels, units, org0.tree_h.order), outs["fig3"])
+    done("figures 1-3")
     sup = np.outer(dec0["support_q"].values, dec0["support_k"].values).ravel()
     lev = np.add.outer(dec0["level_q"].values, dec0["level_k"].values).ravel()
     by_support = np.lexsort((np.arange(sup.size), lev, -sup))
@@ -65,6 +72,7 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     bh = haar_basis(org0.tree_h)[0]
     plots.save(plots.fig4_bihaar(coeffs, sups, [names[j] for j in picks],
                                  bh[org0.tree_h.order][:, :min(6, bh.shape[1])]), outs["fig4"])
+    done("figure 4")
     ent = store.read_store(entropy_store)
     k = min(entropy_samples, ent.sizes["sample"])
     plots.save(plots.fig5_entropy_heatmaps(ent["head_entropy"].values[:k], [f"sample {s}" for s in range(k)],
@@ -79,9 +87,11 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
                        min(trihaar_top_k, d["trihaar"].size))
         vals.append(d["trihaar"].values.ravel()[idx])
     plots.save(plots.fig6_top_trihaar(np.stack(vals), [f"sample {s}" for s in range(k6)]), outs["fig6"])
+    done("figures 5-6")
     k = min(temperature_samples, len(decomposed_stores))
     _temperature(model_name, attention_stores[:k], decomposed_stores[:k], outs, temperature_taus,
                  temperature_random_orders, crop)
+    done("temperature figure")
 
 
 # -- where Theorem 1 holds -----------------------------------------------------------------
@@ -94,7 +104,10 @@ def _temperature(model_name, attention_stores, decomposed_stores, outs, n_taus, 
     taus = temperature_grid(n_taus)
     curves = {o: [] for o in ORDERS}   # per (head, sample): (T,), random (n_random, T)
     rows, heads, n_masked = [], None, 0
+    start = time.perf_counter()
     for s, (apath, dpath) in enumerate(zip(attention_stores, decomposed_stores)):
+        if s:
+            log.info("temperature: sample %d of %d, %.1f s", s, len(attention_stores), time.perf_counter() - start)
         dec = store.read_store(dpath, require=("fig_row_order", "fig_col_order"),
                                variables=("fig_row_order", "fig_col_order"))
         # one head at a time from the store (a store of 270 heads at 1024 tokens is 2.3 GB)
@@ -139,7 +152,7 @@ def _temperature(model_name, attention_stores, decomposed_stores, outs, n_taus, 
         return "not finite" if not np.isfinite(x) else f"{x:.3g}"
 
     mask_text = (f"Causal heads: the reference is the model's own masked softmax ({n_masked} masked entries "
-                 "over these heads, read from the stored probabilities); the block averages use the pre-mask "
+                 "over these heads: the model's own mask, stored with its attention); the block averages use the pre-mask "
                  "scores and the residual is taken on the allowed entries." if n_masked else
                  "No position is masked in these heads: the reference is the full softmax.")
     nf = "; ".join(f"{o}: τ = {', '.join(f'{x:.3g}' for x in v)}" for o, v in not_finite.items() if v)
