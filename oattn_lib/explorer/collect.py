@@ -18,7 +18,7 @@ import xarray as xr
 from .. import store
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
-from ..stages.common import load_organization, model_mask, network_tensor, plain
+from ..stages.common import head_array, load_organization, model_mask, network_tensor, plain
 from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
@@ -30,7 +30,7 @@ __all__ = ["Sample", "HeadOrganization", "read_sample", "organize_head", "token_
 @dataclass(frozen=True, eq=False)
 class Sample:
     """One sample of a model, heads by unit: x (unit, query, key) the analysed quantity,
-    logits (unit, query, key) the pre-softmax scores, the network's 3-D organization, the
+    logits {unit: (query, key)} the pre-softmax scores of the units asked for (`masks_of`), the network's 3-D organization, the
     diffusion coordinates of the heads (unit, component), the token labels, `allowed`:
     {unit: the model's own mask of the head (None: nothing masked)} for the units asked for, and
     `layer_allowed` (layer, query, key): every stored layer's mask (None: nothing masked; unit u
@@ -39,7 +39,7 @@ class Sample:
 
     index: int
     x: np.ndarray
-    logits: np.ndarray
+    logits: dict
     tree_q: PartitionTree
     tree_k: PartitionTree
     tree_h: PartitionTree
@@ -133,20 +133,26 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     """The explorer's view of one sample (SPEC 7, 3.2, 6), heads by unit index; the model's mask of
     the units `masks_of` (stages.common.model_mask: causal heads are compared with their masked
     softmax, SPEC 5)."""
-    ds = store.read_store(attention_store, require=(quantity, "scores"), finite=(quantity,))
+    # the analysed quantity of every head; the scores (pre-softmax logits) only of the heads
+    # `masks_of`, a head at a time: at 270 heads x 1024 tokens each variable is 1.1 GB
+    ds = store.read_store(attention_store, require=(quantity, "scores"), lazy=True)
+    loaded = ds.assign({quantity: (ds[quantity].dims, store.load_variable(ds, quantity, attention_store, finite=True))})
     n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
     n_units = n_layer * n_head
-    x = network_tensor(ds, quantity, crop)
+    x = network_tensor(loaded, quantity, crop)
     stored = (ds["layer"].values, ds["head"].values)  # the model's indices of the stored layers and heads
     units = unit_grid(x["layer"].values, x["head"].values, n_head, *stored)
     xv = _by_unit(np.moveaxis(plain(x), -1, 0), units, n_units, f"{attention_store}: {quantity}")
-    lv = _by_unit(np.moveaxis(plain(network_tensor(ds, "scores", crop)), -1, 0), units, n_units,
-                  f"{attention_store}: scores")
+    del loaded, x
+    layer_head = {int(u): (int(stored[0][u // n_head]), int(stored[1][u % n_head])) for u in masks_of}
+    lv = {u: (xv[u] if quantity == "scores" else
+              head_array(ds, "scores", *lh, crop, where=str(attention_store)).astype(np.float32))
+          for u, lh in layer_head.items()}
     org, ods = load_organization(organized_store)
     # the head tree labels heads in the organized store's unit order; relabel them by unit
     ounits = unit_grid(ods["unit_layer"].values, ods["unit_head"].values, n_head, *stored)
     tree_h = PartitionTree(_by_unit(org.tree_h.labels.T, ounits, n_units, f"{organized_store}: tree_h").T)
-    dec = store.read_store(decomposed_store, require=("diffusion_coords",))
+    dec = store.read_store(decomposed_store, require=("diffusion_coords",), variables=("diffusion_coords",))
     dunits = unit_grid(dec["unit_layer"].values, dec["unit_head"].values, n_head, *stored)
     diff = _by_unit(dec["diffusion_coords"].transpose("unit", "component").values.astype(np.float64), dunits,
                     n_units, f"{decomposed_store}: diffusion_coords")
@@ -162,8 +168,7 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     info["layers"], info["heads"] = [int(v) for v in stored[0]], [int(v) for v in stored[1]]
     for k in ("model_layers", "model_heads"):
         info[k] = int(ds.attrs[k]) if k in ds.attrs else None
-    allowed = {int(u): model_mask(ds, int(stored[0][u // n_head]), int(stored[1][u % n_head]), lv[u], crop)
-               for u in masks_of}
+    allowed = {u: model_mask(ds, *lh, lv[u], crop) for u, lh in layer_head.items()}
     masks = layer_masks(ds, crop, str(attention_store))
     if masks is not None and masks.shape[1:] != xv.shape[1:]:
         raise ValueError(f"{attention_store}: allowed is {masks.shape[1:]} (crop {crop}), {quantity} "
