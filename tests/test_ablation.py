@@ -812,3 +812,19 @@ def test_rows_per_pass_keep_the_attention_of_a_pass_within_the_budget():
     assert _rows_per_pass(64, llm, 128) == (2 << 30) // (30 * 9 * 128 * 128 * 12)
     assert _rows_per_pass(16, llm, 128) == 16
     assert _rows_per_pass(64, SimpleNamespace(n_layer=2, n_head=2), 24) == 64
+
+
+def test_finding_says_when_no_measured_mask_size_is_tolerated():
+    # at 1024 tokens the LLM preset measures masks in steps of 20%: "masks up to 0%" read as a
+    # measurement of zero prunable heads, where the grid is simply too coarse to say
+    from oattn_lib.stages import prune as pr
+
+    def rows(tol_low):
+        return [{"ranking": n, "auc": a, "tolerated_fraction": t, "auc_seeds": [7.0, 7.5, 7.2]}
+                for n, a, t in [(pr.HAAR_LOW, 9.4, tol_low), (pr.HAAR_HIGH, 6.5, 0.0), (pr.GRADIENT, 5.5, 0.0),
+                                (pr.RANDOM, 7.2, 0.0)]]
+    none = pr._verdict("m", "lm", rows(0.0), 11.4, 0.01, 270, 0.2)
+    assert "No ranking stays within 1% relative loss" in none and "20% (54 of 270 heads)" in none
+    assert "masks up to" not in none and "worse than every one of the 3 random orders" in none
+    some = pr._verdict("m", "lm", rows(0.2), 11.4, 0.01, 270, 0.2)
+    assert "Lowest entropy first masks up to 20% (54 of 270 heads)" in some and "No ranking" not in some

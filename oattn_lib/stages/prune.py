@@ -309,8 +309,10 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
 
 
 # -- outputs ------------------------------------------------------------------------------------
-def _verdict(name: str, objective: str, table3: list, base: float, tol: float, n_units: int) -> str:
-    """The finding as measured: does masking lowest-Haar-entropy first beat random orders?"""
+def _verdict(name: str, objective: str, table3: list, base: float, tol: float, n_units: int,
+             smallest: float | None = None) -> str:
+    """The finding as measured: does masking lowest-Haar-entropy first beat random orders?
+    `smallest`: the smallest nonzero fraction of heads masked (the mask sizes' grid)."""
     metric, higher = METRICS[objective]
     row = {r["ranking"]: r for r in table3}
     sign = 1.0 if higher else -1.0
@@ -332,6 +334,14 @@ def _verdict(name: str, objective: str, table3: list, base: float, tol: float, n
 
     auc_of = "log perplexity" if objective in PERPLEXITY else metric
     best = max(table3, key=lambda r: sign * r["auc"])
+    tolerated = (f"Lowest entropy first masks up to {heads(low['tolerated_fraction'])} with at most {tol:.0%} "
+                 f"relative loss of the {metric} (unmasked {base:.4g}); random orders "
+                 f"{rnd['tolerated_fraction']:.0%} on average, gradient importance "
+                 f"{heads(grad['tolerated_fraction'])}.")
+    if smallest and all(r["tolerated_fraction"] == 0 for r in table3):
+        tolerated = (f"No ranking stays within {tol:.0%} relative loss of the {metric} (unmasked {base:.4g}) "
+                     f"at the smallest mask measured, {heads(smallest)}: finer mask sizes "
+                     "(prune.fraction_step) would say how many heads can go.")
     verdict = ("**Low Haar entropy predicts prunable heads here**" if predicts else
                "**Low Haar entropy does not predict prunable heads here**")
     return (f"{verdict} ({name}, measured on held-out data). Masking heads lowest Haar entropy first gives a "
@@ -339,9 +349,7 @@ def _verdict(name: str, objective: str, table3: list, base: float, tol: float, n
             f"{a_rand.mean():.4g} for random orders (min {a_rand.min():.4g}, max {a_rand.max():.4g}; "
             f"{'higher' if higher else 'lower'} is better); {cmp(high)} than highest first "
             f"({high['auc']:.4g}) and {cmp(grad)} than gradient importance ({grad['auc']:.4g}). "
-            f"Lowest entropy first masks up to {heads(low['tolerated_fraction'])} with at most {tol:.0%} "
-            f"relative loss of the {metric} (unmasked {base:.4g}); random orders "
-            f"{rnd['tolerated_fraction']:.0%} on average, gradient importance {heads(grad['tolerated_fraction'])}. "
+            + tolerated + " "
             f"Best ranking by area: {best['ranking']}.")
 
 
@@ -366,7 +374,8 @@ def _write_outputs(m: _Measured, outs: dict, tolerance: float, stability_fractio
     metric, higher = METRICS[m.objective]
     L, H = m.shape
     rows3 = curve_summary(m.fractions, m.curves, m.base, higher, tolerance, metric, log=m.objective in PERPLEXITY)
-    finding = _verdict(m.name, m.objective, rows3, m.base, tolerance, m.n_units)
+    positive = [f for f in m.fractions if f > 0]
+    finding = _verdict(m.name, m.objective, rows3, m.base, tolerance, m.n_units, min(positive, default=None))
     t4 = pd.DataFrame(ranking_stability(m.orders, m.per_sample, m.mean_scores, stability_fraction))
     stab = _stability_prose(t4, m.n_samples, stability_fraction)
     log.info("%s", finding)
