@@ -399,15 +399,25 @@ def emd_affinity(D, eps: float = 1.0):
     eps = _check_real(eps, "eps")
     if eps <= 0:
         raise ValueError(f"eps: must be positive, got {eps}")
-    flat = torch.sort(d.reshape(-1)).values
-    n2 = flat.numel()
-    scale = float((flat[(n2 - 1) // 2] + flat[n2 // 2]) / 2)
+    scale = _median(d.reshape(-1))
     if scale == 0.0:
+        flat = torch.sort(d.reshape(-1)).values  # sorted: the mean below sums in a fixed order
         nonzero = flat[flat > 0]
         if nonzero.numel() == 0:
             return back(torch.ones_like(d), was_numpy)
         scale = float(nonzero.mean())
     return back(torch.exp(-d / (eps * scale)), was_numpy)
+
+
+def _median(flat: torch.Tensor) -> float:
+    """numpy's median of a 1-D tensor (the mean of the two middle values for an even count):
+    two order statistics by selection, not a sort (10 ms instead of 110 ms for 1024^2 on CPU)."""
+    n = flat.numel()
+    lo, hi = (n - 1) // 2, n // 2
+    if flat.device.type == "cpu":
+        part = np.partition(flat.numpy(), [lo, hi])
+        return float((part[lo] + part[hi]) / 2)
+    return float((torch.kthvalue(flat, lo + 1).values + torch.kthvalue(flat, hi + 1).values) / 2)
 
 
 # -- validation ---------------------------------------------------------------------------

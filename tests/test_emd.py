@@ -299,6 +299,17 @@ def test_affinity_uses_the_median_of_all_entries():
     np.testing.assert_allclose(emd_affinity(D, eps=2.0), np.exp(-D / (2.0 * 1.0)))
 
 
+@pytest.mark.parametrize("n", [4, 5, 64])
+def test_affinity_scale_is_numpys_median_exactly(n):
+    # n^2 even: the mean of the two middle values; found by selection, it must equal numpy's
+    # median to the bit (a one-off index would pick a neighbouring order statistic)
+    a = np.random.default_rng(n).random((n, n))
+    D = a + a.T
+    np.fill_diagonal(D, 0.0)
+    G = emd_affinity(D)
+    assert np.array_equal(G, np.exp(-D / np.median(D)))
+
+
 def test_affinity_degenerate_inputs_are_finite():
     assert np.array_equal(emd_affinity(np.zeros((4, 4))), np.ones((4, 4)))
     # most slices identical: median 0, falls back to the mean of the nonzero distances
