@@ -143,7 +143,7 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
         masked |= s.layer_allowed is not None
         samples.append(encode_sample(s, orgs, p, i))
         log.info("explorer %s: sample %d encoded (%d heads organized in 2-D)", model, i, len(orgs))
-        s0 = orgs0 = None  # one sample in memory at a time
+        s0 = orgs0 = s = orgs = None  # one sample in memory at a time (also while the next one loads)
     metrics = {"Haar entropy (coarsest l1)": [round_values(v) for v in entropy],
                "l1/l2 sparsity (lower is sparser)": [round_values(v) for v in sparsity]}
     for name, v in ablation_metrics(rankings_csv, layers, heads).items():
