@@ -20,8 +20,11 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from ._arrays import all_finite_array
+
 __all__ = ["StoreError", "atomic_output", "atomic_path", "store_path", "write_store", "read_store",
-           "provenance_attrs", "file_sha256", "atomic_write_text", "save_npz", "save_json", "load_npz"]
+           "load_variable", "provenance_attrs", "file_sha256", "atomic_write_text", "save_npz", "save_json",
+           "load_npz"]
 
 
 class StoreError(RuntimeError):
@@ -147,38 +150,39 @@ def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: t
         ds = ds.drop_vars([v for v in ds.data_vars if v not in set(variables) | set(require) | set(finite)])
     if lazy:
         return ds
-    loaded = {}
     for name, var in ds.variables.items():
         try:
-            loaded[name] = var.load()
+            var.load()
         except Exception as exc:
-            raise StoreError(f"{path}: variable {name!r} is unreadable ({type(exc).__name__}: {exc}); "
-                             "the store is corrupt, delete it so the workflow regenerates it") from exc
+            raise _unreadable(path, name, exc) from exc
     ds = ds.load()
     for name in finite:
-        values = ds[name].values
-        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
-            raise StoreError(f"{path}: variable {name!r} contains NaN or inf")
+        _require_finite(path, name, ds[name].values)
     return ds
-
-
-def _all_finite(a: np.ndarray, block: int = 1 << 24) -> bool:
-    flat = a.reshape(-1)
-    return all(bool(np.isfinite(flat[i:i + block]).all()) for i in range(0, flat.size, block))
 
 
 def load_variable(ds: xr.Dataset, name: str, path, finite: bool = False) -> np.ndarray:
     """One variable of a lazily opened store (`read_store(..., lazy=True)`) as a numpy array,
-    with `read_store`'s errors: unreadable chunks, and with `finite` NaN or inf (checked a
-    block at a time, no mask the size of the array), name the store and the variable."""
+    with `read_store`'s errors: unreadable chunks, and with `finite` NaN or inf, name the store
+    and the variable."""
     try:
         values = np.asarray(ds[name].values)
     except Exception as exc:
-        raise StoreError(f"{store_path(path)}: variable {name!r} is unreadable ({type(exc).__name__}: {exc}); "
-                         "the store is corrupt, delete it so the workflow regenerates it") from exc
-    if finite and np.issubdtype(values.dtype, np.floating) and not _all_finite(values):
-        raise StoreError(f"{store_path(path)}: variable {name!r} contains NaN or inf")
+        raise _unreadable(store_path(path), name, exc) from exc
+    if finite:
+        _require_finite(store_path(path), name, values)
     return values
+
+
+def _unreadable(path: Path, name: str, exc: Exception) -> StoreError:
+    return StoreError(f"{path}: variable {name!r} is unreadable ({type(exc).__name__}: {exc}); "
+                      "the store is corrupt, delete it so the workflow regenerates it")
+
+
+def _require_finite(path: Path, name: str, values: np.ndarray) -> None:
+    """NaN or inf is an error naming the store and the variable (checked a slab at a time)."""
+    if not all_finite_array(values):
+        raise StoreError(f"{path}: variable {name!r} contains NaN or inf")
 
 
 def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, code: str | None = None,
