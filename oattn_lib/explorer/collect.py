@@ -18,7 +18,7 @@ import xarray as xr
 from .. import store
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
-from ..stages.common import head_array, load_organization, model_mask, network_tensor, plain
+from ..stages.common import allowed_mask, head_array, load_organization, model_mask, network_tensor, plain
 from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
@@ -109,22 +109,13 @@ def kv_groups(ds: xr.Dataset, n_layer: int, n_head: int) -> np.ndarray | None:
     return g.transpose("layer", "head").values.astype(np.int64)
 
 
-def layer_masks(ds: xr.Dataset, crop=None, where: str = "attention store") -> np.ndarray | None:
+def layer_masks(ds: xr.Dataset, crop=None) -> np.ndarray | None:
     """The model's own mask of every stored layer, (layer, query, key) bool in the store's layer
-    order, True where the heads may attend: the store's `allowed`, or for a store written before
-    it existed, the entries every head of the layer gives probability exactly 0 (as
-    stages.common.model_mask reads it); None where nothing is masked."""
-    if "allowed" in ds.variables:
-        ok = ds["allowed"].transpose("layer", "query", "key").values.astype(bool)
-    elif "probs" in ds.variables:
-        ok = ~(ds["probs"] == 0).all("head").transpose("layer", "query", "key").values
-    else:
+    order, True where the heads may attend (`stages.common.allowed_mask`); None where nothing is
+    masked, or for a store with neither `allowed` nor probabilities."""
+    if "allowed" not in ds.variables and "probs" not in ds.variables:
         return None
-    if ok.shape[0] != ds.sizes["layer"]:
-        raise ValueError(f"{where}: allowed has {ok.shape[0]} layers, the store {ds.sizes['layer']}")
-    if crop is not None:
-        a, b = int(crop[0]), int(crop[1])
-        ok = ok[:, a:b, a:b]
+    ok = allowed_mask(ds, None, crop)
     return None if ok.all() else ok
 
 
@@ -169,7 +160,7 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     for k in ("model_layers", "model_heads"):
         info[k] = int(ds.attrs[k]) if k in ds.attrs else None
     allowed = {u: model_mask(ds, *lh, lv[u], crop) for u, lh in layer_head.items()}
-    masks = layer_masks(ds, crop, str(attention_store))
+    masks = layer_masks(ds, crop)
     if masks is not None and masks.shape[1:] != xv.shape[1:]:
         raise ValueError(f"{attention_store}: allowed is {masks.shape[1:]} (crop {crop}), {quantity} "
                          f"{xv.shape[1:]}")

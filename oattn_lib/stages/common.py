@@ -18,7 +18,7 @@ log = logging.getLogger("oattn")
 
 __all__ = ["network_tensor", "unit_coords", "plain", "on_device", "load_network", "network_array", "head_array",
            "load_organization",
-           "model_mask", "softmax_heads"]
+           "allowed_mask", "model_mask", "softmax_heads"]
 
 
 def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
@@ -106,6 +106,24 @@ def load_organization(path):
                         ds["affinity_h"].values.astype(np.float64)), ds
 
 
+def allowed_mask(att, layer: int | None = None, crop=None) -> np.ndarray:
+    """The model's own mask, True where its heads may attend: (query, key) of `layer`, or
+    (layer, query, key) of every stored layer with `layer` None; cropped like the network tensor.
+    The store's `allowed` variable (the mask the model was given, SPEC 7); a store written before
+    it existed has it read from its probabilities (`attention_mask`: the entries every head of
+    the layer gives exactly 0)."""
+    sel = {} if layer is None else {"layer": layer}
+    if "allowed" in att.variables:
+        ok = att["allowed"].sel(**sel).transpose(..., "query", "key").values.astype(bool)
+    else:
+        probs = att["probs"].sel(**sel).transpose(..., "head", "query", "key").values
+        ok = ~(attention_mask(probs) if layer is not None else np.stack([attention_mask(p) for p in probs]))
+    if crop is not None:
+        a, b = int(crop[0]), int(crop[1])
+        ok = ok[..., a:b, a:b]
+    return ok
+
+
 def model_mask(att, layer: int, head: int, logits: np.ndarray, crop) -> np.ndarray | None:
     """Allowed (query, key) entries of the model's own mask for one head; None if nothing is masked.
 
@@ -120,14 +138,7 @@ def model_mask(att, layer: int, head: int, logits: np.ndarray, crop) -> np.ndarr
     arch.attention other than softmax) has no softmax to check against; its mask is read
     the same way (its probs are exactly 0 where it masks).
     """
-    if "allowed" in att.variables:
-        masked = ~att["allowed"].sel(layer=layer).transpose("query", "key").values.astype(bool)
-    else:
-        probs = att["probs"].sel(layer=layer).transpose("head", "query", "key").values
-        masked = attention_mask(probs)
-    if crop is not None:
-        a, b = int(crop[0]), int(crop[1])
-        masked = masked[a:b, a:b]
+    masked = ~allowed_mask(att, layer, crop)
     if not masked.any():
         return None
     if crop is None and softmax_heads(att):
