@@ -1,6 +1,7 @@
 """Semantic checks of the workflow config, beyond what the JSON schema can say.
 
-The schema (workflow/schemas/config.schema.yaml) catches misspelled keys, wrong types and
+The schema (oattn_lib/schemas/config.schema.yaml, package data, which the workflow's
+workflow/schemas/config.schema.yaml links to) catches misspelled keys, wrong types and
 out-of-range numbers; these checks catch combinations that would fail an hour into a
 run: duplicate names, a model too small for the Haar top_k, impossible figure heads.
 """
@@ -18,8 +19,9 @@ from .units import resolve_unit
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units"]
 
-# the workflow's schema, the one place defaults live
-SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+# the workflow's schema, the one place defaults live: package data, so that an installed
+# library (a wheel, not only a clone) can validate and complete a config
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
 
 class ConfigError(ValueError):

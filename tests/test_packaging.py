@@ -1,0 +1,112 @@
+"""`pip install .` gives a working library: the wheel carries every file the library reads
+at run time (the config schema), so an installed `oattn_lib`, with no clone beside it,
+validates and completes a config.
+
+The wheel is built from a copy of the source (a build in the working tree would leave
+`build/` there and could pick up stale files from it) and installed into a temporary
+environment made without pip, which reaches this environment's dependencies through a
+`.pth` path line. The `.pth` files inside that directory (among them the editable install's
+finder, which maps `oattn_lib` to the repository) are not processed, so the only
+`oattn_lib` the child interpreter can import is the wheel's; the test checks that it did.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# the schema as the workflow sees it, read independently of the library
+WORKFLOW_SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+PACKAGE_SCHEMA = REPO / "oattn_lib" / "schemas" / "config.schema.yaml"
+# what the build reads: the top-level files (pyproject.toml, README.md, LICENSE) and these
+SOURCE_DIRS = ("oattn_lib", "workflow")
+
+CHILD = """
+import json, sys
+import oattn_lib
+from oattn_lib.config import SCHEMA, complete_model
+model = complete_model({"name": "t", "kind": "txl", "arch": {"n_layer": 2}}, entropy={"head_top_k": 16})
+print(json.dumps({"file": oattn_lib.__file__, "schema": str(SCHEMA), "model": model,
+                  "editable": sorted(m for m in sys.modules if m.startswith("__editable__"))}))
+"""
+
+
+def _run(cmd, **kw):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _copy_source(dest: Path) -> Path:
+    dest.mkdir()
+    for p in REPO.iterdir():
+        if p.is_file() or p.is_symlink():
+            shutil.copy2(p, dest / p.name, follow_symlinks=False)
+    for name in SOURCE_DIRS:
+        shutil.copytree(REPO / name, dest / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+def test_the_workflow_schema_is_a_link_to_the_package_schema():
+    # one file, two names: an editor that saves by renaming would replace the link with a copy
+    assert WORKFLOW_SCHEMA.is_symlink(), f"{WORKFLOW_SCHEMA} must stay a link to {PACKAGE_SCHEMA}"
+    assert not Path(os.readlink(WORKFLOW_SCHEMA)).is_absolute()  # a clone anywhere resolves it
+    assert WORKFLOW_SCHEMA.resolve() == PACKAGE_SCHEMA.resolve() and PACKAGE_SCHEMA.is_file()
+    assert not PACKAGE_SCHEMA.is_symlink()
+
+
+@pytest.mark.packaging
+def test_wheel_installs_a_library_that_completes_a_config(tmp_path):
+    pytest.importorskip("setuptools", minversion="77", reason="building the wheel offline needs setuptools>=77 "
+                        "in this environment (pyproject's build-system)")
+    src = _copy_source(tmp_path / "src")
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+          "-w", dist, src])
+    (wheel,) = dist.glob("oattn-*.whl")
+
+    # the wheel holds the schema's contents (not a link) and the licence
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        assert zf.read("oattn_lib/schemas/config.schema.yaml") == WORKFLOW_SCHEMA.read_bytes()
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+
+    env = tmp_path / "env"
+    _run([sys.executable, "-m", "venv", "--without-pip", env])
+    python = env / "bin" / "python"
+    site = Path(_run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
+    (site / "oattn_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
+          "--target", site, wheel])
+
+    elsewhere = tmp_path / "elsewhere"  # a working directory outside the repository
+    elsewhere.mkdir()
+    # -I: no PYTHONPATH, no user site, no working directory on sys.path
+    out = json.loads(_run([python, "-I", "-c", CHILD], cwd=elsewhere).strip().splitlines()[-1])
+
+    # (a) the wheel's library ran, not the repository's
+    lib = Path(out["file"]).resolve()
+    assert lib.is_relative_to(site.resolve()), lib
+    assert not lib.is_relative_to(REPO), lib
+    assert out["editable"] == []
+    schema = Path(out["schema"])
+    assert schema.is_relative_to(site.resolve()) and schema.is_file() and not schema.is_symlink()
+
+    # (b) the schema's defaults were filled in around the keys given
+    defs = yaml.safe_load(WORKFLOW_SCHEMA.read_text())["$defs"]
+    model = out["model"]
+    assert model["arch"]["n_layer"] == 2
+    for section, ref, keys in (("extract", "extract", ("n_samples", "max_length", "dtype", "quantity")),
+                               ("arch", "txl_arch", ("n_head", "d_model", "tgt_len")),
+                               ("train", "txl_train", ("steps", "lr")),
+                               ("data", "text_data", ("corpus", "max_size"))):
+        for key in keys:
+            assert model[section][key] == defs[ref]["properties"][key]["default"], (section, key)
