@@ -104,7 +104,12 @@ def test_padding_is_masked_and_invisible(minilm, pair):
     alone = hf.hf_attention(*minilm, [SHORT])
     assert alone["probs"].shape[-1] == n_short
     for key in ("probs", "scores"):
-        torch.testing.assert_close(pair[key][0, :, :, :n_short, :n_short], alone[key][0], rtol=0, atol=1e-5)
+        # the padded pair and the sentence alone run matmuls of other shapes, blocked and
+        # rounded differently (and per CPU); over 6 layers that is a few float32 ulps of the
+        # largest value (scores reach ~25). A padding leak moves probabilities by ~1/n.
+        ref = alone[key][0]
+        atol = 64 * torch.finfo(torch.float32).eps * float(ref.abs().max())
+        torch.testing.assert_close(pair[key][0, :, :, :n_short, :n_short], ref, rtol=0, atol=atol)
 
 
 def test_eager_model_gives_probabilities_without_scores(minilm, eager, single):

@@ -134,7 +134,10 @@ def test_variants_are_causal_and_masked(variant):
     b[:, 4:] = (b[:, 4:] + 1) % V
     oa = model(a, mems=mems, return_logits=True, return_attention=True)
     ob = model(b, mems=mems, return_logits=True, return_attention=True)
-    torch.testing.assert_close(oa.logits[:, :4], ob.logits[:, :4], atol=1e-6, rtol=0)
+    # the adaptive input (div_val) embeds each cluster's tokens in one matmul, whose shape
+    # depends on how many tokens fall in the cluster: the unchanged positions may round
+    # differently (1 ulp seen), so a few float32 ulps; a look-ahead of one position moves them ~1e-3
+    torch.testing.assert_close(oa.logits[:, :4], ob.logits[:, :4], atol=1e-6, rtol=8 * torch.finfo(torch.float32).eps)
     mask = causal_mask(8, M, model.config.mem_len, model.config.same_length)
     ref = torch.softmax(oa.scores.masked_fill(mask, float("-inf")), -1)
     torch.testing.assert_close(oa.probs, ref, atol=1e-6, rtol=0)
