@@ -250,22 +250,27 @@ def test_same_seed_same_store_and_analysis_independent_of_training_seed(tmp_path
 
 
 # -- killed runs ------------------------------------------------------------------------------
-def _start(workdir: Path, config: dict, env=None) -> subprocess.Popen:
+def _start(workdir: Path, config: dict, *args: str, env=None) -> subprocess.Popen:
     import yaml
 
     from wfutil import REPO, SNAKEMAKE
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
+    # what Snakemake says goes to a file that a failed wait shows (appended: one file per test)
+    out = (workdir / "snakemake-output.txt").open("a")
     return subprocess.Popen(SNAKEMAKE + ["-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-                                         "--configfile", str(cfg), "--cores", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                         "--configfile", str(cfg), "--cores", "2", *args],
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **(env or {})})
 
 
 def _kill_when(proc: subprocess.Popen, condition, timeout=600) -> None:
     t0 = time.time()
     while not condition():
-        assert proc.poll() is None, "the run ended before the fault could be injected"
+        if proc.poll() is not None:
+            said = Path(proc.args[proc.args.index("--directory") + 1]) / "snakemake-output.txt"
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before the fault could be injected; "
+                                 f"Snakemake said:\n{said.read_text()[-6000:]}")
         assert time.time() - t0 < timeout, "fault window never came"
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -281,9 +286,11 @@ def test_killed_mid_training_and_mid_write_then_resumed_equals_clean_run(tmp_pat
     proc = _start(tmp_path, TINY)
     _kill_when(proc, lambda: train_log.exists() and "step 50/" in train_log.read_text())
     assert not (res / "txl" / "model" / "checkpoint.pt").exists()
-    # 2. resume; kill again while a zarr store sits written but not yet renamed
+    # 2. resume; kill again while a zarr store sits written but not yet renamed. The kill can
+    # catch any job of the run in flight (the other model's training writing its checkpoint),
+    # so the resume reruns incomplete jobs, as the default profile does (rerun-incomplete)
     snakemake(tmp_path, TINY, "--unlock")
-    proc = _start(tmp_path, TINY, env={"OATTN_FAULT_PAUSE_WRITE": "5"})
+    proc = _start(tmp_path, TINY, "--rerun-incomplete", env={"OATTN_FAULT_PAUSE_WRITE": "5"})
     _kill_when(proc, lambda: any(res.glob("*/*/.sample*.zarr.tmp-*")))
     half = next(res.glob("*/*/.sample*.zarr.tmp-*"))
     # the store's root zarr.json is the output Snakemake trusts: not there until the rename
