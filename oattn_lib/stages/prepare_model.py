@@ -20,17 +20,24 @@ log = logging.getLogger("oattn")
 __all__ = ["prepare_model"]
 
 
-def prepare_model(path: str, gguf_file: str | None, out_dir) -> None:
+def prepare_model(path: str, gguf_file: str | None, out_dir, local_file=None) -> None:
     """Write the model `path` / `gguf_file` (or the `smollm2` alias) to the directory `out_dir`:
     config.json, model.safetensors (float32, a decoder with its language-modelling head, so
     the directory serves both `load_hf(out_dir)` and `load_hf(out_dir, causal_lm=True)`), the
     tokenizer's files and source.json (the GGUF file and its SHA-256). Atomic: written into
     a temporary directory renamed into place.
+
+    `local_file`: the GGUF file `path` names, already found (the rule's input); read as it is,
+    so that a job in another environment (a conda one, without the package an alias names)
+    needs only the file.
     """
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    directory, gguf_file = resolve_hf(path, gguf_file)
+    if local_file:
+        directory, gguf_file = str(Path(local_file).parent), Path(local_file).name
+    else:
+        directory, gguf_file = resolve_hf(path, gguf_file)
     if not gguf_file:
         raise ValueError(f"gguf_file: model {path!r} names no GGUF file; only GGUF models need preparing")
     source = Path(directory) / gguf_file
