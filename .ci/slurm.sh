@@ -4,7 +4,9 @@
 # runs the workflow on workflow/presets/test.yaml locally and through the users' SLURM
 # profile plus the CI overrides (workflow/profiles/ci-slurm), then checks that every
 # non-local job ran as a SLURM job that completed, and that both runs give identical
-# numbers (entropy stores, tables, training hashes). The daemons it started are stopped
+# numbers (entropy stores, tables, training hashes). The SLURM run analyses every sample in
+# a job of its own (jobs.batch_max_entries 0), the local run the small models' samples in
+# one job per stage: identical numbers also show that batching changes nothing. The daemons it started are stopped
 # by PID on exit. Needs root: it may install slurm-wlm and munge, and it writes
 # /etc/slurm/slurm.conf and gres.conf (restored or removed on exit), because the job
 # step plugin clears SLURM_* variables, SLURM_CONF included, before its inner srun, which
@@ -187,7 +189,7 @@ t0=$SECONDS
 LOCAL_PID=$!
 slurm_rc=0
 "$SMK" --profile workflow/profiles/slurm --workflow-profile workflow/profiles/ci-slurm \
-    "${COMMON[@]}" --config "results=$WORK/slurm" --slurm-logdir "$WORK/slurm_logs" \
+    "${COMMON[@]}" --config "results=$WORK/slurm" "jobs={batch_max_entries: 0}" --slurm-logdir "$WORK/slurm_logs" \
     >"$WORK/log/slurm-run.log" 2>&1 || slurm_rc=$?
 t_slurm=$((SECONDS - t0))
 local_rc=0

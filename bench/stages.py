@@ -4,7 +4,10 @@ Reads the benchmark files Snakemake wrote for every job (`<results>/benchmarks/*
 rules' `benchmark:` directive: wall seconds `s`, `cpu_time`, peak resident set `max_rss` in
 MB) and prints, per model and rule, the number of jobs, their total and largest wall time,
 total CPU time and the largest peak RSS, as a Markdown table (the README's per-stage table of
-the LLM preset is this output) and, with --json, one JSON object per row.
+the LLM preset is this output) and, with --json, one JSON object per row. Beside them, each
+job's start-up (interpreter, Snakemake's preamble and imports, until the stage begins), read
+from the first line of its log (`<results>/logs/<model>/<rule>[_sample<k>].log`, written by
+`runtime.setup_logging`): the stages' total and their largest.
 
     python bench/stages.py results/llm
     python bench/stages.py results --json
@@ -24,6 +27,17 @@ from collections import defaultdict
 from pathlib import Path
 
 _SAMPLE = re.compile(r"_sample\d+$")
+_STARTUP = re.compile(r" start-up (\d+(?:\.\d+)?) s")
+
+
+def startup_seconds(log: Path) -> float:
+    """The start-up a job's log records on its first line (NaN without a log or that line)."""
+    try:
+        with log.open() as fh:
+            m = _STARTUP.search(fh.readline())
+    except OSError:
+        return float("nan")
+    return float(m.group(1)) if m else float("nan")
 
 
 def read_benchmarks(results: Path) -> dict[tuple[str, str], list[dict]]:
@@ -45,6 +59,7 @@ def read_benchmarks(results: Path) -> dict[tuple[str, str], list[dict]]:
             raise ValueError(f"{path}: no column {exc} (not a Snakemake benchmark file)") from None
         rel = path.relative_to(root)
         model = "/".join(rel.parts[:-1]) or "-"
+        job["startup"] = startup_seconds((results / "logs" / rel).with_suffix(".log"))
         rows[(model, _SAMPLE.sub("", path.stem))].append(job)
     return rows
 
@@ -56,16 +71,20 @@ def summarise(rows: dict[tuple[str, str], list[dict]]) -> list[dict]:
                     "wall_s": round(sum(j["s"] for j in jobs), 1),
                     "wall_max_s": round(max(j["s"] for j in jobs), 1),
                     "cpu_s": round(sum(j["cpu_time"] for j in jobs), 1),
-                    "peak_rss_mb": round(max(j["max_rss"] for j in jobs))})
+                    "peak_rss_mb": round(max(j["max_rss"] for j in jobs)),
+                    "startup_s": round(sum(j["startup"] for j in jobs), 1),
+                    "startup_max_s": round(max((j["startup"] for j in jobs if j["startup"] == j["startup"]),
+                                               default=float("nan")), 2)})
     return out
 
 
 def markdown(table: list[dict]) -> str:
-    lines = ["| model | stage | jobs | wall, total (s) | wall, largest job (s) | CPU (s) | peak RSS (MB) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | stage | jobs | wall, total (s) | wall, largest job (s) | CPU (s) | peak RSS (MB) "
+             "| start-up, total (s) | start-up, largest (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['model']} | {r['rule']} | {r['jobs']} | {r['wall_s']:g} | {r['wall_max_s']:g} "
-                     f"| {r['cpu_s']:g} | {r['peak_rss_mb']} |")
+                     f"| {r['cpu_s']:g} | {r['peak_rss_mb']} | {r['startup_s']:g} | {r['startup_max_s']:g} |")
     return "\n".join(lines)
 
 
@@ -82,6 +101,7 @@ def main(argv=None) -> int:
         print(markdown(table))
         print(f"\n{sum(r['jobs'] for r in table)} jobs, wall time summed over jobs "
               f"{sum(r['wall_s'] for r in table):.0f} s, CPU {sum(r['cpu_s'] for r in table):.0f} s, "
+              f"start-up {sum(r['startup_s'] for r in table if r['startup_s'] == r['startup_s']):.0f} s, "
               f"largest peak RSS {max(r['peak_rss_mb'] for r in table)} MB")
     return 0
 

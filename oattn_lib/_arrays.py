@@ -2,23 +2,40 @@
 
 The core computes in torch so that the same code runs on CPU and CUDA: work happens on
 the device of the input. Public functions accept numpy arrays or torch tensors and
-return the kind they were given.
+return the kind they were given. This module imports torch only when a function needs it
+(`is_tensor` and `to_numpy` never do): the stages that only read and sum stored arrays
+start without torch's import.
 """
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 ArrayLike = "np.ndarray | torch.Tensor"
 
 
+def is_tensor(x) -> bool:
+    """Whether `x` is a torch tensor, without importing torch (no tensor exists before it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def as_tensor(x, name: str, ndim: int | tuple[int, ...] | None = None,
-              dtype: torch.dtype | None = torch.float32, finite: bool = True) -> tuple[torch.Tensor, bool]:
+              dtype: torch.dtype | str | None = "float32", finite: bool = True) -> tuple[torch.Tensor, bool]:
     """Validate `x` and return it as a torch tensor, plus whether it came in as numpy.
 
-    Raises ValueError naming `name` for a wrong number of dimensions, an axis of
-    length 0, or (with `finite`) NaN/inf entries.
+    `dtype`: a torch dtype or its name (None keeps x's). Raises ValueError naming `name`
+    for a wrong number of dimensions, an axis of length 0, or (with `finite`) NaN/inf entries.
     """
+    import torch
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
     was_numpy = not isinstance(x, torch.Tensor)
     if was_numpy:
         try:
@@ -47,6 +64,8 @@ def as_tensor(x, name: str, ndim: int | tuple[int, ...] | None = None,
 
 def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
     """No NaN or inf in `t`; on CPU checked a chunk at a time (no tensor-sized mask)."""
+    import torch
+
     if not t.is_floating_point():
         return True
     if t.device.type != "cpu" or t.dtype == torch.bfloat16 or t.dtype == torch.float16:
@@ -72,7 +91,7 @@ def back(t: torch.Tensor, was_numpy: bool):
 
 
 def to_numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    return x.detach().cpu().numpy() if is_tensor(x) else np.asarray(x)
 
 
 def check_affinity(a: np.ndarray, name: str = "affinity", atol: float = 1e-6) -> np.ndarray:

@@ -17,7 +17,7 @@ import yaml
 from .units import resolve_unit
 
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
-           "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units"]
+           "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -244,6 +244,19 @@ def stored_units(model: dict) -> tuple[list[int], list[int]] | None:
     layers = sorted(ex.get("layers") or range(units[0]))
     heads = sorted(ex.get("heads") or range(units[1]))
     return layers, heads
+
+
+def batched_samples(model: dict, max_entries: int) -> bool:
+    """Whether the per-sample stages of `model` run as one job for all its samples (config
+    `jobs.batch_max_entries`): when its network tensor, tokens x tokens x stored heads, has at
+    most `max_entries` entries. False when `max_entries` is 0 or the model's size cannot be read
+    before running it."""
+    if max_entries <= 0:
+        return False
+    units, n = stored_units(model), n_tokens(model)
+    if units is None or n is None:
+        return False
+    return n * n * len(units[0]) * len(units[1]) <= max_entries
 
 
 def _merged(base: dict, override: dict) -> dict:

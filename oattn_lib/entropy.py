@@ -4,14 +4,22 @@ The paper's l1 entropy sums the magnitudes of the coarsest Haar coefficients (th
 the largest support). It measures coarse-scale structure, not sparsity: under random
 trees coarse coefficients shrink. Sparsity proper is reported beside it as the l1/l2
 ratio of all coefficients (the l2 norm is the same in every orthonormal basis).
+
+The sums over stored coefficients (`coarse_l1`, `l1_over_l2`, `l1_norm`) take numpy arrays
+or torch tensors and compute in the library they were given, so the entropy stage, which
+only reads coefficients, runs without importing torch; the expansions themselves
+(`head_entropy` and the like) are torch's, from `haar`.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from ._arrays import as_tensor
-from .haar import bihaar, haar_basis, trihaar
+import numpy as np
+
+from ._arrays import as_tensor, is_tensor
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["coarsest", "coarse_l1", "l1_norm", "l1_over_l2", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
            "extreme_heads", "jaccard_stability", "n_extreme"]
@@ -45,20 +53,27 @@ def coarsest(supports: list[np.ndarray], levels: list[np.ndarray], top_k: int) -
 
 
 def _bases(org, axes):
+    from .haar import haar_basis
+
     return [haar_basis(getattr(org, f"tree_{a}")) for a in axes]
 
 
-def coarse_l1(c: torch.Tensor, supports: list[np.ndarray], levels: list[np.ndarray], top_k: int):
+def coarse_l1(c: np.ndarray | torch.Tensor, supports: list[np.ndarray], levels: list[np.ndarray], top_k: int):
     """Sum of |c| over the `top_k` coarsest basis functions of its leading axes.
 
-    c has one axis per entry of `supports` and optionally one trailing batch axis (heads);
-    returns a float64 array over the batch axis, or a 0-d array without one.
+    c (numpy or torch) has one axis per entry of `supports` and optionally one trailing
+    batch axis (heads); returns a float64 numpy array over the batch axis, or a 0-d array
+    without one.
     """
     idx = coarsest(supports, levels, top_k)
     n_basis = int(np.prod([len(s) for s in supports]))
     flat = c.reshape(n_basis, -1)
-    picked = flat[torch.as_tensor(idx, device=c.device)].abs().double().sum(0)
-    out = picked.cpu().numpy()
+    if is_tensor(c):
+        import torch
+
+        out = flat[torch.as_tensor(idx, device=c.device)].abs().double().sum(0).cpu().numpy()
+    else:
+        out = np.abs(flat[idx]).sum(0, dtype=np.float64)
     return out if c.ndim > len(supports) else out[0]
 
 
@@ -68,6 +83,8 @@ def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
     X is (query, key, head); `org` an Organization (its query and key trees are used).
     Returns a float64 array of shape (head,).
     """
+    from .haar import bihaar
+
     x, _ = as_tensor(X, "X", ndim=3)
     c = bihaar(x, org.tree_q, org.tree_k)
     bq, bk = _bases(org, "qk")
@@ -76,62 +93,78 @@ def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
 
 def network_entropy(X, org, top_k: int = 100) -> float:
     """Network l1 entropy: sum of |C| over the `top_k` coarsest tri-Haar functions (SPEC 4)."""
+    from .haar import trihaar
+
     x, _ = as_tensor(X, "X", ndim=3)
     c = trihaar(x, org.tree_q, org.tree_k, org.tree_h)
     bases = _bases(org, "qkh")
     return float(coarse_l1(c, [b[1] for b in bases], [b[2] for b in bases], top_k))
 
 
-def l1_over_l2(c: torch.Tensor, dims) -> torch.Tensor:
+def l1_over_l2(c: np.ndarray | torch.Tensor, dims):
     """l1 norm over l2 norm of `c` along `dims` (SPEC 4's sparsity; lower is sparser).
 
-    Sums are float64, taken a slab of `c` at a time in two reused float64 buffers (no
-    float64 copy of all of c, and no fresh temporaries: freed ones were not reused here,
-    and the peak grew by the float64 size of c).
+    numpy in, numpy out; torch in, torch out (on c's device). Sums are float64, taken a
+    slab of `c` at a time in two reused float64 buffers (no float64 copy of all of c, and
+    no fresh temporaries: freed ones were not reused here, and the peak grew by the float64
+    size of c).
     """
     dims = tuple(d % max(c.ndim, 1) for d in ((dims,) if isinstance(dims, int) else dims))
     if c.ndim == 0:
         c = c.reshape(1)
-    step = max(1, _SLAB // max(1, c[0].numel()))
-    size = min(c.shape[0], step) * c[0].numel()
-    buf = torch.empty(size, dtype=torch.float64, device=c.device)
-    tmp = torch.empty(size, dtype=torch.float64, device=c.device)
+    per = int(np.prod(c.shape[1:]))  # elements of one slice c[i]
+    step = max(1, _SLAB // max(1, per))
+    size = min(c.shape[0], step) * per
+    if is_tensor(c):
+        import torch
+
+        xp, buf = torch, torch.empty(2 * size, dtype=torch.float64, device=c.device)
+    else:
+        xp, buf = np, np.empty(2 * size, dtype=np.float64)
     l1s, l2s = [], []
     for i in range(0, c.shape[0], step):
         part = c[i:i + step]
-        x = buf[:part.numel()].view(part.shape)
-        x.copy_(part)
-        t = tmp[:part.numel()].view(part.shape)
-        l1s.append(torch.abs(x, out=t).sum(dims))
-        l2s.append(torch.mul(x, x, out=t).sum(dims))
+        n = int(np.prod(part.shape))
+        x, t = buf[:n].reshape(part.shape), buf[size:size + n].reshape(part.shape)
+        x[...] = part
+        l1s.append(xp.abs(x, out=t).sum(dims))
+        l2s.append(xp.multiply(x, x, out=t).sum(dims))
     if 0 in dims:  # slabs along a reduced axis: add up
-        l1, l2 = torch.stack(l1s).sum(0), torch.stack(l2s).sum(0).sqrt()
+        l1, l2 = xp.stack(l1s).sum(0), xp.sqrt(xp.stack(l2s).sum(0))
     else:
-        l1, l2 = torch.cat(l1s), torch.cat(l2s).sqrt()
+        l1, l2 = xp.concatenate(l1s), xp.sqrt(xp.concatenate(l2s))
     # an all-zero slice is as sparse as can be: ratio 0, not 0/0
-    return torch.where(l2 > 0, l1 / torch.where(l2 > 0, l2, torch.ones_like(l2)), torch.zeros_like(l1))
+    return xp.where(l2 > 0, l1 / xp.where(l2 > 0, l2, xp.ones_like(l2)), xp.zeros_like(l1))
 
 
 # Elements of one float64 slab in `l1_over_l2`.
 _SLAB = 1 << 20
 
 
-def l1_norm(c: torch.Tensor) -> float:
+def l1_norm(c: np.ndarray | torch.Tensor) -> float:
     """sum |c| in float64, a slab at a time (`c.abs().double()` would hold two more copies of c:
-    3.4 GB for the tri-Haar coefficients of 270 heads at 1024 tokens)."""
+    3.4 GB for the tri-Haar coefficients of 270 heads at 1024 tokens); numpy or torch."""
     flat = c.reshape(-1)
-    return float(sum(flat[i:i + _SLAB].abs().sum(dtype=torch.float64).item()
-                     for i in range(0, flat.numel(), _SLAB)))
+    if is_tensor(c):
+        import torch
+
+        return float(sum(flat[i:i + _SLAB].abs().sum(dtype=torch.float64).item()
+                         for i in range(0, flat.numel(), _SLAB)))
+    return float(sum(np.abs(flat[i:i + _SLAB]).sum(dtype=np.float64) for i in range(0, flat.size, _SLAB)))
 
 
 def head_sparsity(X, org) -> np.ndarray:
     """Per-head l1/l2 ratio of all bi-Haar coefficients; lower is sparser (SPEC 4)."""
+    from .haar import bihaar
+
     x, _ = as_tensor(X, "X", ndim=3)
     return l1_over_l2(bihaar(x, org.tree_q, org.tree_k), (0, 1)).cpu().numpy()
 
 
 def network_sparsity(X, org) -> float:
     """l1/l2 ratio of all tri-Haar coefficients of the network; lower is sparser (SPEC 4)."""
+    from .haar import trihaar
+
     x, _ = as_tensor(X, "X", ndim=3)
     return float(l1_over_l2(trihaar(x, org.tree_q, org.tree_k, org.tree_h).reshape(-1), 0))
 

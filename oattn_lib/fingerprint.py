@@ -21,7 +21,7 @@ import hashlib
 import os
 from pathlib import Path
 
-__all__ = ["library_root", "module_closure", "code_fingerprint"]
+__all__ = ["library_root", "module_closure", "code_fingerprint", "modules_fingerprint"]
 
 PACKAGE = "oattn_lib"
 
@@ -97,7 +97,11 @@ def _package_modules(root: Path, package: str) -> set[str]:
 def module_closure(script: str | os.PathLike, root: str | os.PathLike | None = None) -> list[str]:
     """Every `oattn_lib` module that `script` (a file) imports, transitively, sorted."""
     root = Path(root) if root is not None else library_root()
-    todo = list(_imported_modules(root, None, _parse(Path(script).resolve())))
+    return _closure(root, _imported_modules(root, None, _parse(Path(script).resolve())))
+
+
+def _closure(root: Path, modules) -> list[str]:
+    todo = list(modules)
     seen: set[str] = set()
     while todo:
         mod = todo.pop()
@@ -129,5 +133,15 @@ def code_fingerprint(script: str | os.PathLike, root: str | os.PathLike | None =
     root = Path(root) if root is not None else library_root()
     h = hashlib.sha256(_code_digest(Path(script)).encode())
     for mod in module_closure(script, root):
+        h.update(f"\n{mod}:{_code_digest(_module_file(root, mod))}".encode())
+    return h.hexdigest()[:16]
+
+
+def modules_fingerprint(modules, root: str | os.PathLike | None = None) -> str:
+    """Like `code_fingerprint`, for library modules (names such as "oattn_lib.emd") and every
+    library module they import, without a script."""
+    root = Path(root) if root is not None else library_root()
+    h = hashlib.sha256()
+    for mod in _closure(root, modules):
         h.update(f"\n{mod}:{_code_digest(_module_file(root, mod))}".encode())
     return h.hexdigest()[:16]

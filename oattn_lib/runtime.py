@@ -1,31 +1,61 @@
-"""Process set-up shared by every stage: logging to the rule's log file, thread caps, device."""
+"""Process set-up shared by every stage: logging to the rule's log file, thread caps, device.
+
+Nothing here imports torch or numba: a stage that does not compute with them (entropy,
+tables, summary) starts without their import (torch's alone takes about 2 s).
+"""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
+import time
 from pathlib import Path
-
-import torch
 
 log = logging.getLogger("oattn")
 
-__all__ = ["setup_logging", "resolve_device"]
+__all__ = ["setup_logging", "resolve_device", "startup_seconds", "cap_threads", "kernel_stats", "KERNEL_MODULES"]
+
+# the imports that dominate a job's start-up, named in its log's first line
+HEAVY_MODULES = ("torch", "numba", "transformers", "torchvision", "matplotlib", "plotly")
+# environment variables that size the thread pools of libraries not yet imported
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def startup_seconds() -> float:
+    """Seconds since this process started (interpreter start, Snakemake's preamble, imports)."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+def cap_threads(threads: int) -> None:
+    """Cap torch's intra-op threads and numba's threads at `threads`: directly where the library is
+    imported, through its environment variables where it is not (yet)."""
+    threads = max(1, int(threads))
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    if "numba" in sys.modules:
+        # numba's pool is sized when numba is imported; changing NUMBA_NUM_THREADS afterwards
+        # is an error, so cap it at run time
+        numba = sys.modules["numba"]
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    for var in _THREAD_VARS:
+        if var == "NUMBA_NUM_THREADS" and "numba" in sys.modules:
+            continue
+        if var == "OMP_NUM_THREADS" and "torch" in sys.modules:
+            continue
+        os.environ[var] = str(threads)
 
 
 def setup_logging(log_path: str | os.PathLike | None, threads: int | None = None) -> logging.Logger:
     """Log to `log_path` (and stderr); uncaught errors are logged before they propagate.
 
-    `threads` (the rule's) caps torch's intra-op threads, so parallel jobs do not
-    oversubscribe the cores.
+    `threads` (the rule's) caps torch's and numba's threads (`cap_threads`), so parallel
+    jobs do not oversubscribe the cores. The first line logged is the job's start-up time.
     """
     if threads:
-        torch.set_num_threads(int(threads))
-        # numba's pool is sized when numba is imported (a stage module may already have
-        # done so); changing NUMBA_NUM_THREADS afterwards is an error, so cap it at run time
-        import numba
-
-        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+        cap_threads(threads)
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for h in list(root.handlers):
@@ -46,10 +76,50 @@ def setup_logging(log_path: str | os.PathLike | None, threads: int | None = None
         previous(exc_type, exc, tb)
 
     sys.excepthook = log_uncaught
+    atexit.register(_log_kernels)
+    heavy = [m for m in HEAVY_MODULES if m in sys.modules]
+    log.info("start-up %.2f s (interpreter, imports; loaded: %s)", startup_seconds(), ", ".join(heavy) or "none")
     return log
 
 
-def resolve_device(name: str = "auto") -> torch.device:
+# the modules that define numba kernels (cache=True); rule `kernels` compiles them first
+# (stages.kernels). Named, not imported: this module imports nothing of the library, so that
+# no stage's code fingerprint depends on the engine through it.
+KERNEL_MODULES = ("oattn_lib.emd", "oattn_lib.sweep")
+
+
+def kernel_stats() -> dict[str, dict]:
+    """Per numba kernel of the kernel modules this process has loaded: the signatures it compiled
+    (`compiled`) and loaded from numba's disk cache (`loaded`), and the cache's directory."""
+    if "numba" not in sys.modules:
+        return {}
+    from numba.core.dispatcher import Dispatcher
+
+    out = {}
+    for mod_name in KERNEL_MODULES:
+        mod = sys.modules.get(mod_name)
+        for attr, obj in (vars(mod).items() if mod is not None else ()):
+            if isinstance(obj, Dispatcher) and type(obj._cache).__name__ != "NullCache":
+                s = obj.stats
+                out[f"{mod_name.rsplit('.', 1)[-1]}.{attr}"] = {
+                    "loaded": int(sum(s.cache_hits.values())), "compiled": int(sum(s.cache_misses.values())),
+                    "cache": str(s.cache_path)}
+    return out
+
+
+def _log_kernels() -> None:
+    """At exit: how many numba kernels the job loaded from the disk cache and how many it compiled
+    (rule `kernels` compiles them first; a job compiling any means the cache missed)."""
+    stats = kernel_stats().values()
+    loaded, compiled = sum(s["loaded"] for s in stats), sum(s["compiled"] for s in stats)
+    if loaded or compiled:
+        log.info("numba kernels: %d loaded from the cache, %d compiled", loaded, compiled)
+
+
+def resolve_device(name: str = "auto"):
+    """The torch device the config's `device` names: `auto` is CUDA when present, else the CPU."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():

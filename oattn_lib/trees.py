@@ -15,7 +15,6 @@ from functools import cached_property
 
 import numpy as np
 import scipy.sparse
-import torch
 
 from ._arrays import check_affinity
 
@@ -217,7 +216,9 @@ def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
     p = p1 / np.outer(d2, d2)
     # singular triplets of the symmetric P: eigenvectors by |eigenvalue| descending, as
     # numpy's svd(hermitian=True) orders them; torch's eigh (MKL) is much faster than
-    # numpy's on a busy machine
+    # numpy's on a busy machine (imported here: reading trees needs no torch)
+    import torch
+
     w, v = (a.numpy() for a in torch.linalg.eigh(torch.from_numpy(p)))
     s = np.abs(w)
     idx = np.argsort(s)[::-1]

@@ -1,9 +1,11 @@
-"""Snakemake entry: scores and probabilities of every head for one sample."""
+"""Snakemake entry: scores and probabilities of every head for one sample, or for each of a
+model's samples (outputs sample0, sample1, ... in order; the model is loaded once)."""
 from oattn_lib.runtime import setup_logging
-from oattn_lib.stages.extract import extract
+from oattn_lib.stages.extract import extract_samples
 
 setup_logging(snakemake.log[0], snakemake.threads)
-p, i = snakemake.params, snakemake.input
-extract(p.model["kind"], p.model, i.npz, i.meta, i.checkpoint or None, snakemake.output.store,
-        int(snakemake.wildcards.sample), device=p.device, config_slice=p.model, code=p.code,
-        prepared=i.get("prepared"))
+p, i, w = snakemake.params, snakemake.input, snakemake.wildcards
+outs = list(snakemake.output.store)
+samples = [int(w.sample)] if "sample" in w.keys() else list(range(len(outs)))
+extract_samples(p.model["kind"], p.model, i.npz, i.meta, i.checkpoint or None, outs, samples, device=p.device,
+                config_slice=p.model, code=p.code, prepared=i.get("prepared"))

@@ -1,8 +1,8 @@
-"""Snakemake entry: the 3-D questionnaire on one sample (SPEC 3.2)."""
+"""Snakemake entry: the 3-D questionnaire on one sample, or on each of a model's samples (SPEC 3.2)."""
 from oattn_lib.runtime import setup_logging
-from oattn_lib.stages.organize import organize
+from oattn_lib.stages.organize import organize_samples
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
-organize(snakemake.input.attention, snakemake.output.store, params=p.organize,
-         config_slice={**p.analysis, "organize": p.organize}, code=p.code, device=p.device, **p.analysis)
+organize_samples(list(snakemake.input.attention), list(snakemake.output.store), params=p.organize,
+                 config_slice={**p.analysis, "organize": p.organize}, code=p.code, device=p.device, **p.analysis)

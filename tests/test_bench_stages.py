@@ -27,15 +27,25 @@ def test_jobs_of_a_rule_are_summed_and_their_peak_is_the_largest(tmp_path, capsy
     _bench(b / "lm" / "organize_sample12.tsv", 20.0, 1500.0, 39.0)
     _bench(b / "lm" / "entropy.tsv", 4.0, 700.0, 3.0)
     _bench(b / "softmax_free" / "vit" / "tensor" / "seed0" / "train.tsv", 7.0, 300.0, 7.0)
+    # each job's log opens with its start-up (runtime.setup_logging); the third job has no log
+    for k, t in ((0, 2.5), (1, 3.25)):
+        log = tmp_path / "logs" / "lm" / f"organize_sample{k}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"2026-11-25 18:00:00,000 INFO oattn: start-up {t} s (interpreter, imports; loaded: torch)\n"
+                       "2026-11-25 18:00:09,000 INFO oattn: start-up 99 s, a later line\n")
+    (tmp_path / "logs" / "lm" / "entropy.log").write_text("INFO oattn: start-up 1.5 s (loaded: none)\n")
     table = {(r["model"], r["rule"]): r for r in stages.summarise(stages.read_benchmarks(tmp_path))}
     org = table[("lm", "organize")]
     assert (org["jobs"], org["wall_s"], org["wall_max_s"], org["cpu_s"], org["peak_rss_mb"]) == (3, 60.0, 30.0, 112.0,
                                                                                                  2900)
     assert table[("lm", "entropy")]["jobs"] == 1
+    assert table[("lm", "entropy")]["startup_s"] == 1.5
+    # a job without a start-up line makes its stage's total unknown, not smaller; the largest is known
+    assert org["startup_s"] != org["startup_s"] and org["startup_max_s"] == 3.25
     assert table[("softmax_free/vit/tensor/seed0", "train")]["peak_rss_mb"] == 300
     assert stages.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "| lm | organize | 3 | 60 | 30 | 112 | 2900 |" in out
+    assert "| lm | organize | 3 | 60 | 30 | 112 | 2900 | nan | 3.25 |" in out
     assert "5 jobs" in out and "largest peak RSS 2900 MB" in out
 
 

@@ -160,7 +160,7 @@ def test_causal_lm_records_the_same_attention(decoder, run):
     lm, _ = hf.load_hf(decoder[1], causal_lm=True)
     assert type(lm).__name__.endswith("ForCausalLM") and hf.attn_implementation(lm) == hf.ATTN_IMPLEMENTATION
     r = hf.hf_attention(lm, tok, [TEXTS[0], " ".join(TEXTS[1].split()[:9])], max_length=MAX_LEN)
-    torch.testing.assert_close(r["probs"], res["probs"], rtol=0, atol=0)
+    torch.testing.assert_close(r["probs"], res["probs"], rtol=0, atol=0)  # same weights, code and batch: exactly
 
 
 # -- the extract stage: streamed stores ---------------------------------------------------------
@@ -188,6 +188,7 @@ def test_streamed_store_equals_the_in_memory_result(decoder, tmp_path):
     _, _, cfg = decoder
     ds, ref = stage(decoder, tmp_path)
     assert ds["scores"].dims == ("layer", "head", "query", "key") and ds["scores"].dtype == np.float32
+    # the stage runs the same forward on the same text in this process: the store holds it exactly
     np.testing.assert_array_equal(ds["scores"].values, ref["scores"][0].numpy())
     np.testing.assert_array_equal(ds["probs"].values, ref["probs"][0].numpy())
     np.testing.assert_array_equal(ds["allowed"].values, ref["allowed"][0].numpy())
@@ -200,6 +201,32 @@ def test_streamed_store_equals_the_in_memory_result(decoder, tmp_path):
     # one head of one layer is one chunk
     enc = xr.open_zarr(tmp_path / "sample0.zarr", consolidated=False)["probs"].encoding
     assert enc["chunks"] == (1, 1, MAX_LEN, MAX_LEN)
+
+
+def test_one_job_for_all_samples_writes_each_sample_as_its_own_job_would(decoder, tmp_path):
+    """extract_samples (one job for a small model's samples, the model loaded once) writes, for
+    each sample, the store extract writes for it alone: the same text and every variable and
+    attribute the same (same code on the same inputs in one process: exactly)."""
+    from oattn_lib.stages.extract import extract_samples
+
+    _, d, _ = decoder
+    m = complete_model({"name": "tiny", "kind": "hf", "path": str(d), "extract": {"n_samples": 3, "max_length": MAX_LEN}},
+                       entropy={"head_top_k": 4, "network_top_k": 4}, decompose={"figure_heads": [[0, 0]]},
+                       prune={"enabled": False})
+    meta = _meta(tmp_path)
+    together = [tmp_path / "together" / f"sample{i}.zarr" / "zarr.json" for i in (2, 0)]
+    extract_samples("hf", m, None, meta, None, together, [2, 0], device="cpu", config_slice=m, code="extract:x")
+    for i, path in zip((2, 0), together):
+        alone = tmp_path / "alone" / f"sample{i}.zarr" / "zarr.json"
+        extract("hf", m, None, meta, None, alone, i, device="cpu", config_slice=m, code="extract:x")
+        a = xr.open_zarr(path.parent, consolidated=False).load()
+        b = xr.open_zarr(alone.parent, consolidated=False).load()
+        assert a.attrs == b.attrs and a.attrs["sample"] == i
+        xr.testing.assert_identical(a, b)
+    assert xr.open_zarr(together[0].parent, consolidated=False).attrs["source_index"] != xr.open_zarr(
+        together[1].parent, consolidated=False).attrs["source_index"]
+    with pytest.raises(ValueError, match="2 samples for 1 output stores"):
+        extract_samples("hf", m, None, meta, None, together[:1], [2, 0], device="cpu")
 
 
 def test_float16_store(decoder, tmp_path):

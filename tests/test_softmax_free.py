@@ -177,14 +177,20 @@ def job_models(proc) -> set[str]:
 @pytest.mark.workflow
 def test_a_dry_run_plans_every_sample_of_every_run_as_its_own_job(tmp_path):
     from wfutil import planned_jobs, snakemake
-    proc = snakemake(tmp_path, sf_config(seeds=2, n_samples=3, variants=["tensor_q", "tensor_k"]), "-n",
-                     "softmax_free")
+    cfg = sf_config(seeds=2, n_samples=3, variants=["tensor_q", "tensor_k"])
     runs = 2 * 3 * 2  # models x (softmax + 2 variants) x seeds
-    assert planned_jobs(proc) == {"prepare_data": 2, "softmax_free_train": runs, "extract": 3 * runs,
-                                  "organize": 3 * runs, "decompose": 3 * runs, "entropy": runs,
-                                  "softmax_free_paraproduct": 2 * 2, "softmax_free_table": 1, "softmax_free": 1}
+    common = {"prepare_data": 2, "softmax_free_train": runs, "entropy": runs, "softmax_free_paraproduct": 2 * 2,
+              "softmax_free_table": 1, "softmax_free": 1, "kernels": 1}
+    # the runs are tiny: one job per stage for the 3 samples of each (jobs.batch_max_entries) ...
+    proc = snakemake(tmp_path, cfg, "-n", "softmax_free")
+    assert planned_jobs(proc) == {**common, "extract_3_samples": runs, "organize_3_samples": runs,
+                                  "decompose_3_samples": runs}
     assert job_models(proc) == {"txl", "vit"} | {f"softmax_free/{m}/{a}/seed{s}" for m in ("txl", "vit")
                                                  for a in ("softmax", "tensor_q", "tensor_k") for s in (0, 1)}
+    # ... and one job per sample without batching
+    cfg["jobs"] = {"batch_max_entries": 0}
+    proc = snakemake(tmp_path, cfg, "-n", "softmax_free")
+    assert planned_jobs(proc) == {**common, "extract": 3 * runs, "organize": 3 * runs, "decompose": 3 * runs}
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +209,7 @@ def sf_run(clean_run, tmp_path_factory):
 def test_snakemake_softmax_free_builds_table5_and_figure8(sf_run):
     workdir, proc = sf_run
     # nothing of the ordinary models ran again: they only lend their datasets
-    assert set(re.findall(r"\(Rule: (\w+)\)", proc.stdout + proc.stderr)) == {
+    assert {re.sub(r"_\d+_samples$", "", r) for r in re.findall(r"\(Rule: (\w+)\)", proc.stdout + proc.stderr)} == {
         "softmax_free_train", "extract", "organize", "decompose", "entropy", "softmax_free_paraproduct",
         "softmax_free_table", "softmax_free"}
     assert all(m.startswith("softmax_free/") for m in job_models(proc))
@@ -232,10 +238,10 @@ def test_snakemake_softmax_free_builds_table5_and_figure8(sf_run):
         idx = {xr.open_zarr(res / model / a / "seed0" / "attention" / "sample0.zarr",
                             consolidated=False).attrs["source_index"] for a in ("softmax", "tensor_q")}
         assert len(idx) == 1
-    # one log and one benchmark per job
+    # one log and one benchmark per job (a tiny run's sample in one job per stage: extract.log, ...)
     logs = workdir / "results" / "logs"
     assert (logs / "softmax_free" / "table5.log").exists()
-    for name in ("train", "extract_sample0", "organize_sample0", "decompose_sample0", "entropy"):
+    for name in ("train", "extract", "organize", "decompose", "entropy"):
         assert (logs / "softmax_free" / "txl" / "tensor_q" / "seed0" / f"{name}.log").exists(), name
         assert (workdir / "results" / "benchmarks" / "softmax_free" / "vit" / "softmax" / "seed0"
                 / f"{name}.tsv").exists(), name
@@ -282,14 +288,14 @@ def test_report_has_table5_and_it_stays_in_the_default_target(sf_run):
 
 @pytest.mark.workflow
 def test_what_a_change_reruns(sf_run):
-    from wfutil import planned_jobs, snakemake
+    from wfutil import by_stage, planned_jobs, snakemake
     workdir, _ = sf_run
 
     def plan(**edit):
         proc = snakemake(workdir, sf_config(enabled=True, **edit), "-n")
         # the default target: the experiment's runs only, never the ordinary models again
         assert all(m.startswith("softmax_free/") for m in job_models(proc)), job_models(proc)
-        return planned_jobs(proc)
+        return by_stage(planned_jobs(proc))
 
     table = {"softmax_free_table": 1, "all": 1}
     assert plan(paraproduct_samples=0) == table
@@ -301,15 +307,15 @@ def test_what_a_change_reruns(sf_run):
     # the workflow's own analysis settings reach the runs through the ordinary rules
     cfg = sf_config(enabled=True)
     cfg["entropy"] = {**cfg["entropy"], "head_top_k": 8}
-    jobs = planned_jobs(snakemake(workdir, cfg, "-n"))
+    jobs = by_stage(planned_jobs(snakemake(workdir, cfg, "-n")))
     assert jobs["entropy"] == 3 + 4 and jobs["softmax_free_table"] == 1
 
 
 @pytest.mark.workflow
 def test_enabled_flag_puts_the_experiment_in_the_default_target(tmp_path):
-    from wfutil import planned_jobs, snakemake
-    off = planned_jobs(snakemake(tmp_path, sf_config(), "-n"))
-    on = planned_jobs(snakemake(tmp_path, sf_config(enabled=True), "-n"))
+    from wfutil import by_stage, planned_jobs, snakemake
+    off = by_stage(planned_jobs(snakemake(tmp_path, sf_config(), "-n")))
+    on = by_stage(planned_jobs(snakemake(tmp_path, sf_config(enabled=True), "-n")))
     assert "softmax_free_train" not in off
     runs = {"softmax_free_train": 4, "extract": 4, "organize": 4, "decompose": 4, "entropy": 4,
             "softmax_free_paraproduct": 2, "softmax_free_table": 1}

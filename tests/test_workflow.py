@@ -7,6 +7,7 @@ artifacts and which jobs a dry run plans after changing one parameter.
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -97,10 +98,34 @@ def test_report_builds(run):
 
 
 def test_logs_for_every_stage(run):
+    # txl's samples are analysed by one job per stage (jobs.batch_max_entries), lm's one job per sample
     logs = {p.name for p in (run / "results" / "logs" / "txl").iterdir()}
-    for stage in ("prepare_data", "train", "extract_sample0", "organize_sample1", "decompose_sample0",
-                  "entropy", "tables", "figures"):
+    for stage in ("prepare_data", "train", "extract", "organize", "decompose", "entropy", "tables", "figures"):
         assert f"{stage}.log" in logs
+    logs = {p.name for p in (run / "results" / "logs" / "lm").iterdir()}
+    for stage in ("prepare_data", "extract_sample0", "organize_sample1", "decompose_sample0", "entropy"):
+        assert f"{stage}.log" in logs
+    # every job logs its start-up first; the batched job names each sample it analyses
+    for path in (run / "results" / "logs").rglob("*.log"):
+        if path.name != "kernels.log":
+            first = path.read_text().splitlines()[0]
+            assert " start-up " in first, f"{path}: {first}"
+    organize_log = (run / "results" / "logs" / "txl" / "organize.log").read_text()
+    assert "sample 1 of 2" in organize_log and "sample 2 of 2" in organize_log
+
+
+def test_jobs_after_the_kernels_compile_none(run):
+    """Rule `kernels` compiled the numba kernels before the jobs that run them: no organize or
+    decompose job compiled one (each logs what it loaded and compiled at exit)."""
+    import json
+    report = json.loads((run / "results" / "kernels" / "numba.json").read_text())
+    assert set(report["kernels"]) >= {"emd._l1_accumulate", "sweep._haar_up", "sweep._means_kernel"}
+    logs = sorted((run / "results" / "logs").rglob("organize*.log")) + sorted(
+        (run / "results" / "logs").rglob("decompose*.log"))
+    assert len(logs) == 2 * (2 + 2)  # per stage: txl and vit one job each, lm one per sample
+    for path in logs:
+        counts = re.findall(r"numba kernels: (\d+) loaded from the cache, (\d+) compiled", path.read_text())
+        assert counts and int(counts[-1][0]) > 0 and int(counts[-1][1]) == 0, f"{path}: {counts}"
 
 
 def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
@@ -115,8 +140,22 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     cfg = copy.deepcopy(TINY)
     cfg["organize"]["n_iters"] = 2
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
-    assert jobs == {"organize": 6, "decompose": 6, "entropy": 3, "tables": 3, "figures": 3, "prune": 3,
-                    "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
+    # txl and vit: one job for both samples; lm: one per sample
+    assert jobs == {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2, "entropy": 3,
+                    "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1, "summary": 1,
+                    "all": 1}
+
+
+def test_one_job_per_sample_again_reruns_the_per_sample_stages_only(run):
+    """jobs.batch_max_entries off: the batched models' (txl, vit) samples are extracted, organized
+    and decomposed again one job per sample (a job's inputs are recorded per job), and what reads
+    them after; lm, analysed per sample already, and training are left alone."""
+    cfg = copy.deepcopy(TINY)
+    cfg["jobs"] = {"batch_max_entries": 0}
+    jobs = planned_jobs(snakemake(run, cfg, "-n"))
+    assert {r: jobs.get(r) for r in ("extract", "organize", "decompose", "entropy")} == {
+        "extract": 4, "organize": 4, "decompose": 4, "entropy": 2}
+    assert not any(r.endswith("_samples") for r in jobs) and "train" not in jobs
 
 
 def test_unchanged_config_plans_nothing(run):

@@ -43,6 +43,16 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
     return jobs
 
 
+def by_stage(jobs: dict[str, int]) -> dict[str, int]:
+    """Planned jobs per stage: a model's one job for all its samples (rule `<stage>_<k>_samples`,
+    config jobs.batch_max_entries) counts for its stage, as each per-sample job does."""
+    out: dict[str, int] = {}
+    for rule, n in jobs.items():
+        stage = re.sub(r"_\d+_samples$", "", rule)
+        out[stage] = out.get(stage, 0) + n
+    return out
+
+
 def reordered(value):
     """`value` with every mapping's keys in reverse order: the same config, written otherwise."""
     if isinstance(value, dict):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..data import images
 from ..data import text as textdata
 from ..store import save_json, save_npz
 
@@ -42,6 +41,8 @@ def prepare_data(kind: str, data: dict, out_npz, out_meta, data_root="resources"
         save_npz(out_npz, **ids)
         log.info("text splits (tokens): %s; vocabulary %d", meta["sizes"], len(vocab))
     elif kind == "vit":
+        from ..data import images  # torch: only for image datasets
+
         name = data["dataset"]
         size = data["image_size"]
         if name == "digits":

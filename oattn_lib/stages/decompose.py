@@ -21,7 +21,7 @@ from .common import head_array, load_organization, model_mask, network_array
 
 log = logging.getLogger("oattn")
 
-__all__ = ["decompose"]
+__all__ = ["decompose", "decompose_samples"]
 
 
 def _figure_units(figure_heads, layers, heads) -> list[tuple[int, int]]:
@@ -108,3 +108,16 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     log.info("decomposed: network l1 %.4g (random trees %.4g); paraproduct residual %s (unorganized %s)",
              out_ds["network_l1"].item(), out_ds["network_l1_random"].item(),
              np.round(rel, 4).tolist(), np.round(rel_unorg, 4).tolist())
+
+
+def decompose_samples(attention_stores: list, organized_stores: list, outs: list, quantity: str, crop=None,
+                      **kwargs) -> None:
+    """`decompose` on each sample in turn (one job for all samples of a small model: the job's
+    start-up is paid once). Keyword arguments are `decompose`'s."""
+    if not len(attention_stores) == len(organized_stores) == len(outs):
+        raise ValueError(f"decompose: {len(attention_stores)} attention stores, {len(organized_stores)} organized "
+                         f"stores and {len(outs)} outputs; expected one of each per sample")
+    for i, (att, org, out) in enumerate(zip(attention_stores, organized_stores, outs)):
+        if len(outs) > 1:
+            log.info("sample %d of %d: %s", i + 1, len(outs), att)
+        decompose(att, org, out, quantity, crop, **kwargs)

@@ -1,10 +1,11 @@
-"""Stage `entropy`: per-head and per-network l1 entropies and sparsity of every sample (SPEC 4)."""
+"""Stage `entropy`: per-head and per-network l1 entropies and sparsity of every sample (SPEC 4).
+
+It only reads and sums stored coefficients, in numpy: the job starts without torch's import."""
 from __future__ import annotations
 
 import logging
 
 import numpy as np
-import torch
 import xarray as xr
 
 from .. import store
@@ -30,14 +31,14 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
                      "unit_head": ds["unit_head"].values}
         sup2 = [ds["support_q"].values, ds["support_k"].values]
         lev2 = [ds["level_q"].values, ds["level_k"].values]
-        c2 = torch.from_numpy(store.load_variable(ds, "bihaar", path, finite=True))
+        c2 = store.load_variable(ds, "bihaar", path, finite=True)
         try:
             rows["head_entropy"].append(coarse_l1(c2, sup2, lev2, head_top_k))
         except ValueError as exc:
             raise ValueError(f"{path}: {exc} (entropy.head_top_k)") from exc
-        rows["head_sparsity"].append(l1_over_l2(c2, (0, 1)).numpy())
+        rows["head_sparsity"].append(l1_over_l2(c2, (0, 1)))
         del c2
-        c3 = torch.from_numpy(store.load_variable(ds, "trihaar", path, finite=True))
+        c3 = store.load_variable(ds, "trihaar", path, finite=True)
         try:
             rows["network_entropy"].append(float(coarse_l1(c3, sup2 + [ds["support_h"].values],
                                                            lev2 + [ds["level_h"].values], network_top_k)))

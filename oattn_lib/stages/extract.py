@@ -31,7 +31,7 @@ from ..store import load_npz
 log = logging.getLogger("oattn")
 
 __all__ = ["DTYPES", "AttentionWriter", "attention_writer", "attention_dataset", "store_nbytes", "extract",
-           "hf_hash"]
+           "extract_samples", "hf_hash"]
 
 DTYPES = {"float16": np.float16, "float32": np.float32}
 """`extract.dtype`: how scores and probs are stored."""
@@ -240,14 +240,25 @@ def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample
     same input whichever job extracts it. `prepared`: the directory `prepare_model` wrote
     for a GGUF model, or its config.json (loaded instead of `model["path"]`).
     """
+    extract_samples(kind, model, data_npz, data_meta, checkpoint, [out], [sample], device=device,
+                    config_slice=config_slice, code=code, prepared=prepared)
+
+
+def extract_samples(kind: str, model: dict, data_npz, data_meta, checkpoint, outs: list, samples: list,
+                    device="auto", config_slice: dict | None = None, code: str | None = None,
+                    prepared=None) -> None:
+    """`extract` for several samples, the model loaded once: sample samples[i] into the store
+    outs[i] (one job for all samples of a small model)."""
     dev = resolve_device(device)
     ex = model["extract"]
     n, seed, dtype = ex["n_samples"], ex["seed"], ex["dtype"]
     layers, heads = ex.get("layers"), ex.get("heads")
-    if not 0 <= sample < n:
-        raise ValueError(f"sample: {sample} is outside 0..{n - 1} (extract.n_samples = {n})")
+    if len(outs) != len(samples):
+        raise ValueError(f"extract: {len(samples)} samples for {len(outs)} output stores")
+    for sample in samples:
+        if not 0 <= sample < n:
+            raise ValueError(f"sample: {sample} is outside 0..{n - 1} (extract.n_samples = {n})")
     meta = json.loads(Path(data_meta).read_text())
-    attrs = {"model": model["name"], "kind": kind, "sample": int(sample)}
     if kind == "hf":
         from ..models.hf import hf_attention_stream, hf_encode, load_hf  # transformers: only for hf models
 
@@ -259,67 +270,73 @@ def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample
         # long enough texts only, so that every sample has exactly max_length tokens
         texts = [t for t in meta["test_texts"] if len(t) >= 4 * max_len]
         texts = [t for t in texts if len(tok(t, add_special_tokens=True)["input_ids"]) >= max_len]
-        idx = int(_pick(len(texts), n, seed, f"held-out texts with >= {max_len} tokens")[sample])
-        attrs["source_index"] = idx
-        attrs.update(store.provenance_attrs(config_slice or {}, hf_hash(*source), code=code))
-        inputs = hf_encode(net, tok, [texts[idx]], max_length=max_len)
-        ids = inputs["input_ids"][0].cpu().numpy()
+        picked = _pick(len(texts), n, seed, f"held-out texts with >= {max_len} tokens")
+        provenance = store.provenance_attrs(config_slice or {}, hf_hash(*source), code=code)
         n_model = int(getattr(net.config, "num_hidden_layers", 0) or 0)
         n_heads = int(getattr(net.config, "num_attention_heads", 0) or 0)
         if n_model:
             _check_layers(layers, n_model)
-        _log_size(out, model["name"], sample, len(layers) if layers else n_model, len(heads) if heads else n_heads,
-                  ids.size, dtype)
         wanted = None if layers is None else set(layers)
-        with attention_writer(out, tokens=ids, attrs=attrs, dtype=dtype, heads=heads,
-                              token_text=tok.convert_ids_to_tokens(ids.tolist())) as writer:
-            def on_layer(call):
-                if wanted is None or call.index in wanted:
-                    writer.write(call.index, call.scores[0], call.probs[0],
-                                 None if call.allowed is None else call.allowed[0], call.n_kv_heads)
+        for out, sample in zip(outs, samples):
+            idx = int(picked[sample])
+            attrs = {"model": model["name"], "kind": kind, "sample": int(sample), "source_index": idx, **provenance}
+            inputs = hf_encode(net, tok, [texts[idx]], max_length=max_len)
+            ids = inputs["input_ids"][0].cpu().numpy()
+            _log_size(out, model["name"], sample, len(layers) if layers else n_model,
+                      len(heads) if heads else n_heads, ids.size, dtype)
+            with attention_writer(out, tokens=ids, attrs=attrs, dtype=dtype, heads=heads,
+                                  token_text=tok.convert_ids_to_tokens(ids.tolist())) as writer:
+                def on_layer(call):
+                    if wanted is None or call.index in wanted:
+                        writer.write(call.index, call.scores[0], call.probs[0],
+                                     None if call.allowed is None else call.allowed[0], call.n_kv_heads)
 
-            n_calls = hf_attention_stream(net, inputs, on_layer)
-            _check_layers(layers, n_calls)
-            writer.finish(n_calls)
-        n_stored, n_tok = len(writer.layers), ids.size
+                n_calls = hf_attention_stream(net, inputs, on_layer)
+                _check_layers(layers, n_calls)
+                writer.finish(n_calls)
+            log.info("%s sample %d: source %d, %d layers x %d heads, %d tokens", model["name"], sample, idx,
+                     len(writer.layers), writer.kv_group.size, ids.size)
+        return
+    ck = load_checkpoint(checkpoint)
+    arrays = load_npz(data_npz)
+    if kind == "txl":
+        from ..models.txl import causal_mask
+
+        net = build_model("txl", ck["arch"], n_token=len(meta["vocab"]))
+        tgt = ck["arch"]["tgt_len"]
+        test = arrays["test"]
+        picked = _pick(test.size // tgt, n, seed, f"test segments of {tgt} tokens")
+    elif kind == "vit":
+        from ..models.vit import vit_attention
+
+        size = model["data"]["image_size"]
+        net = build_model("vit", ck["arch"], image_size=size)
+        picked = _pick(arrays["test_labels"].shape[0], n, seed, "test images")
     else:
-        ck = load_checkpoint(checkpoint)
-        arrays = load_npz(data_npz)
-        token_text = None
-        if kind == "txl":
-            from ..models.txl import causal_mask
-
-            net = build_model("txl", ck["arch"], n_token=len(meta["vocab"]))
-            tgt = ck["arch"]["tgt_len"]
-            test = arrays["test"]
-            idx = int(_pick(test.size // tgt, n, seed, f"test segments of {tgt} tokens")[sample])
-            toks = test[idx * tgt:(idx + 1) * tgt]
-            token_text = [meta["vocab"][t] for t in toks]
-        elif kind == "vit":
-            size = model["data"]["image_size"]
-            net = build_model("vit", ck["arch"], image_size=size)
-            idx = int(_pick(arrays["test_labels"].shape[0], n, seed, "test images")[sample])
-            img = vit_images({"test_images": arrays["test_images"][idx:idx + 1]}, meta, "test", size)
-            attrs["label"] = int(arrays["test_labels"][idx])
-        else:
-            raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
-        net.load_state_dict(ck["state_dict"])
-        net.to(dev).eval()
-        allowed = None
+        raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
+    net.load_state_dict(ck["state_dict"])
+    net.to(dev).eval()
+    provenance = store.provenance_attrs(config_slice or {}, store.file_sha256(checkpoint), code=code)
+    for out, sample in zip(outs, samples):
+        idx = int(picked[sample])
+        attrs = {"model": model["name"], "kind": kind, "sample": int(sample)}
+        token_text, allowed = None, None
         with torch.no_grad():
             if kind == "txl":
+                toks = test[idx * tgt:(idx + 1) * tgt]
+                token_text = [meta["vocab"][t] for t in toks]
                 res = net(torch.from_numpy(toks)[None].to(dev), mems=None, return_attention=True)
                 scores, probs = res.scores[0], res.probs[0]
                 cfg = net.config
                 allowed = ~causal_mask(toks.size, 0, cfg.mem_len, cfg.same_length)
             else:
-                from ..models.vit import vit_attention
-
+                img = vit_images({"test_images": arrays["test_images"][idx:idx + 1]}, meta, "test", size)
+                attrs["label"] = int(arrays["test_labels"][idx])
                 _, s, p = vit_attention(net, img.to(dev))
                 scores, probs = s[0], p[0]
                 toks = np.arange(-1, probs.shape[-1] - 1)  # -1 = class token, then patch index
         attrs["source_index"] = idx
-        attrs.update(store.provenance_attrs(config_slice or {}, store.file_sha256(checkpoint), code=code))
+        attrs.update(provenance)
         n_model, n_heads, n_tok = probs.shape[0], probs.shape[1], probs.shape[-1]
         _check_layers(layers, n_model)
         _log_size(out, model["name"], sample, len(layers) if layers else n_model, len(heads) if heads else n_heads,
@@ -329,9 +346,8 @@ def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample
             for layer in (range(n_model) if layers is None else sorted(layers)):
                 writer.write(layer, scores[layer], probs[layer], allowed)
             writer.finish(n_model)
-        n_stored = len(writer.layers)
-    log.info("%s sample %d: source %d, %d layers x %d heads, %d tokens", model["name"], sample, idx,
-             n_stored, writer.kv_group.size, n_tok)
+        log.info("%s sample %d: source %d, %d layers x %d heads, %d tokens", model["name"], sample, idx,
+                 len(writer.layers), writer.kv_group.size, n_tok)
 
 
 def hf_hash(path: str, gguf_file: str | None = None) -> str:

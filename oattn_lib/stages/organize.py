@@ -12,7 +12,7 @@ from .common import network_array, on_device
 
 log = logging.getLogger("oattn")
 
-__all__ = ["organize"]
+__all__ = ["organize", "organize_samples"]
 
 
 def organize(attention_store, out, quantity: str, crop=None, params: dict | None = None,
@@ -36,3 +36,14 @@ def organize(attention_store, out, quantity: str, crop=None, params: dict | None
                                         quantity=quantity)})
     store.write_store(out_ds, out)
     log.info("organized: levels q=%d k=%d h=%d", org.tree_q.n_levels, org.tree_k.n_levels, org.tree_h.n_levels)
+
+
+def organize_samples(attention_stores: list, outs: list, quantity: str, crop=None, **kwargs) -> None:
+    """`organize` on each sample in turn: attention_stores[i] to outs[i] (one job for all samples of
+    a small model: the job's start-up is paid once). Keyword arguments are `organize`'s."""
+    if len(attention_stores) != len(outs):
+        raise ValueError(f"organize: {len(attention_stores)} attention stores for {len(outs)} outputs")
+    for i, (att, out) in enumerate(zip(attention_stores, outs)):
+        if len(outs) > 1:
+            log.info("sample %d of %d: %s", i + 1, len(outs), att)
+        organize(att, out, quantity, crop, **kwargs)

@@ -12,8 +12,9 @@ import re
 from snakemake.settings.types import RerunTrigger
 
 from oattn_lib import softmax_free
-from oattn_lib.config import prune_settings
-from oattn_lib.fingerprint import code_fingerprint
+from oattn_lib.config import batched_samples, prune_settings
+from oattn_lib.fingerprint import code_fingerprint, modules_fingerprint
+from oattn_lib.runtime import KERNEL_MODULES
 from oattn_lib.models.files import is_gguf_model, resolve_hf
 
 R = config["results"]
@@ -65,6 +66,30 @@ DECOMPOSED = store(f"{R}/{{model}}/decomposed/sample{{sample}}.zarr")
 ENTROPY = store(f"{R}/{{model}}/entropy.zarr")
 
 
+# -- jobs: one per sample, or one for all samples of a small model ------------------------
+# A model whose per-sample tensor has at most jobs.batch_max_entries entries runs extract,
+# organize and decompose as one job for all its samples (rules <stage>_<k>_samples, one per
+# sample count k, writing the same per-sample stores): such a job's work is shorter than a
+# job's start-up, which the model then pays once instead of once per sample.
+BATCHED = {n for n, m in ANALYSED.items() if batched_samples(m, config["jobs"]["batch_max_entries"])}
+BATCH_SIZES = sorted({ANALYSED[n]["extract"]["n_samples"] for n in BATCHED})
+PER_SAMPLE_MODEL = name_pattern([n for n in ANALYSED if n not in BATCHED])
+
+
+def batched_pattern(k):
+    """The wildcard pattern of the batched models with k samples."""
+    return name_pattern(sorted(n for n in BATCHED if ANALYSED[n]["extract"]["n_samples"] == k))
+
+
+def all_samples(pattern, k):
+    """The k per-sample paths of `pattern`, {model} left a wildcard."""
+    return expand(pattern, sample=range(k), allow_missing=True)
+
+
+# the numba kernels, compiled once before the jobs that run them (kernels.smk)
+KERNELS = f"{R}/kernels/numba.json"
+
+
 def attention_stores(wildcards):
     return [ATTENTION.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
 
@@ -106,6 +131,13 @@ def code_version(rule_name, script=None):
         return fp
 
     return version
+
+
+def kernels_code():
+    """Param `code` of the kernels rule: the fingerprint of the modules that define the kernels (and
+    what they import), not of the stages its warm-up runs, so that editing the questionnaire
+    reruns organize, never the kernels."""
+    return f"kernels:{modules_fingerprint(KERNEL_MODULES, LIBRARY_ROOT)}"
 
 
 def model_data(wildcards):
@@ -188,6 +220,12 @@ def analysis_mem_mb(wildcards, input, attempt):
         else 100
     )
     return int(1000 + 30 * size_mb) * attempt
+
+
+def batch_mem_mb(wildcards, input, attempt):
+    """analysis_mem_mb of one sample: a job for all samples of a model analyses one at a time."""
+    per_sample = (analysis_mem_mb(wildcards, input, 1) - 1000) / len(samples(wildcards.model))
+    return int(1000 + per_sample) * attempt
 
 
 def all_targets():

@@ -1,20 +1,22 @@
 # bi-/tri-Haar expansions, random-tree baselines, the figure heads' 2-D organization and
 # paraproduct, and the diffusion map of heads (SPEC 2, 3.3, 5, 6).
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
+# One job per sample, or one job for all samples of a small model (decompose_<k>_samples;
+# jobs.batch_max_entries, common.smk).
 
 
 rule decompose:
     input:
-        attention=ATTENTION,
-        organized=ORGANIZED,
+        attention=[ATTENTION],
+        organized=[ORGANIZED],
     output:
-        store=DECOMPOSED,
+        store=[DECOMPOSED],
     log:
         f"{R}/logs/{{model}}/decompose_sample{{sample}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/decompose_sample{{sample}}.tsv"
     wildcard_constraints:
-        model=ANALYSED_MODEL,
+        model=PER_SAMPLE_MODEL,
     conda:
         "../../envs/oattn.yaml"
     threads: 1
@@ -29,3 +31,35 @@ rule decompose:
         code=code_version("decompose"),
     script:
         "../../scripts/decompose.py"
+
+
+for _k in BATCH_SIZES:
+
+    rule:
+        name:
+            f"decompose_{_k}_samples"
+        input:
+            attention=all_samples(ATTENTION, _k),
+            organized=all_samples(ORGANIZED, _k),
+        output:
+            store=all_samples(DECOMPOSED, _k),
+        log:
+            f"{R}/logs/{{model}}/decompose.log",
+        benchmark:
+            f"{R}/benchmarks/{{model}}/decompose.tsv"
+        wildcard_constraints:
+            model=batched_pattern(_k),
+        conda:
+            "../../envs/oattn.yaml"
+        threads: 1
+        resources:
+            **ANALYSIS_GPU,
+            mem_mb=batch_mem_mb,
+            runtime=config["resources"]["analysis_runtime"],
+        params:
+            analysis=analysis_params,
+            device=config["device"],
+            decompose=config["decompose"],
+            code=code_version(f"decompose_{_k}_samples", "decompose"),
+        script:
+            "../../scripts/decompose.py"

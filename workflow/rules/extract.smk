@@ -1,5 +1,7 @@
 # Extraction (GPU-capable): scores and probabilities of every head, one zarr store per sample.
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
+# One job per sample, or one job for all samples of a small model (extract_<k>_samples;
+# jobs.batch_max_entries, common.smk), which loads the model once.
 
 
 rule extract:
@@ -8,13 +10,13 @@ rule extract:
         unpack(prepared_model),
         checkpoint=checkpoint_input,
     output:
-        store=ATTENTION,
+        store=[ATTENTION],
     log:
         f"{R}/logs/{{model}}/extract_sample{{sample}}.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/extract_sample{{sample}}.tsv"
     wildcard_constraints:
-        model=ANALYSED_MODEL,
+        model=PER_SAMPLE_MODEL,
     conda:
         "../../envs/oattn.yaml"
     threads: 1
@@ -26,3 +28,33 @@ rule extract:
         code=code_version("extract"),
     script:
         "../../scripts/extract.py"
+
+
+for _k in BATCH_SIZES:
+
+    rule:
+        name:
+            f"extract_{_k}_samples"
+        input:
+            unpack(model_data),
+            unpack(prepared_model),
+            checkpoint=checkpoint_input,
+        output:
+            store=all_samples(ATTENTION, _k),
+        log:
+            f"{R}/logs/{{model}}/extract.log",
+        benchmark:
+            f"{R}/benchmarks/{{model}}/extract.tsv"
+        wildcard_constraints:
+            model=batched_pattern(_k),
+        conda:
+            "../../envs/oattn.yaml"
+        threads: 1
+        resources:
+            **GPU_RESOURCES,
+        params:
+            model=extraction_params,
+            device=config["device"],
+            code=code_version(f"extract_{_k}_samples", "extract"),
+        script:
+            "../../scripts/extract.py"

@@ -1,0 +1,100 @@
+"""Stage `kernels`: the compiled CPU kernels (numba) built once into their disk cache, before the
+jobs that run them.
+
+numba compiles a kernel the first time it is called with a new signature and, with
+`cache=True`, keeps the machine code on disk beside the module (`__pycache__`; the
+user's cache directory when that is not writable), keyed by the source file, the
+signature and the CPU. Without a step of its own, the first organize and decompose jobs
+of a run each compiled the same kernels at once. `compile_kernels` runs the real organize
+and decompose stages on a tiny synthetic sample, so every kernel is compiled with the
+signatures the stages call it with; the jobs after it load them (each logs at exit how
+many it loaded and compiled: `runtime.kernel_stats`).
+"""
+from __future__ import annotations
+
+import logging
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from .. import emd, store, sweep  # noqa: F401  (the kernel modules, runtime.KERNEL_MODULES)
+from ..runtime import KERNEL_MODULES, kernel_stats
+from .decompose import decompose
+from .organize import organize
+
+log = logging.getLogger("oattn")
+
+__all__ = ["kernels", "compile_kernels", "expected_kernels"]
+
+
+def expected_kernels() -> list[str]:
+    """The names (`module.function`) of every cached numba kernel of the kernel modules."""
+    from numba.core.dispatcher import Dispatcher
+
+    import sys
+
+    return sorted(f"{m.rsplit('.', 1)[-1]}.{a}" for m in KERNEL_MODULES for a, o in vars(sys.modules[m]).items()
+                  if isinstance(o, Dispatcher) and type(o._cache).__name__ != "NullCache")
+
+
+def _tiny_sample(path: Path, n: int = 12, n_layer: int = 2, n_head: int = 3, seed: int = 0) -> None:
+    """An attention store of a causal model (scores, masked-softmax probs and the mask) with
+    structure enough for every branch of the trees."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.normal(size=(2, n_layer, n_head, n, 4))
+    scores = np.einsum("lhqd,lhkd->lhqk", q, k) - 0.2 * np.abs(np.arange(n)[:, None] - np.arange(n)[None])
+    allowed = np.tril(np.ones((n, n), dtype=bool))
+    z = np.where(allowed, scores, -np.inf)
+    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    dims = ("layer", "head", "query", "key")
+    ds = xr.Dataset({"scores": (dims, scores.astype(np.float32)), "probs": (dims, probs.astype(np.float32)),
+                     "allowed": (("layer", "query", "key"), np.broadcast_to(allowed, (n_layer, n, n)).copy())},
+                    coords={"layer": np.arange(n_layer), "head": np.arange(n_head), "query": np.arange(n),
+                            "key": np.arange(n), "token": ("query", np.arange(n))},
+                    attrs={"model": "kernels", "kind": "txl", "sample": 0})
+    store.write_store(ds, path / "zarr.json")
+
+
+def compile_kernels(workdir=None) -> dict:
+    """Compile every numba kernel into the disk cache by running the organize and decompose
+    stages on a tiny synthetic sample (in `workdir`, a temporary directory by default).
+    Returns what was done: numba's version, the CPU, the seconds taken and per kernel the
+    signatures compiled and loaded (`runtime.kernel_stats`)."""
+    import numba
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="oattn-kernels-") as tmp:
+        root = Path(tmp)
+        att = root / "attention.zarr" / "zarr.json"
+        _tiny_sample(att.parent)
+        for quantity in ("scores", "probs"):
+            org, dec = root / f"organized-{quantity}.zarr" / "zarr.json", root / f"decomposed-{quantity}.zarr" / "zarr.json"
+            organize(att, org, quantity, params={"n_iters": 1})
+            decompose(att, org, dec, quantity, figure_heads=[[0, 0], [-1, -1]], questionnaire2d_iters=1,
+                      random_tree_seeds=1)
+    stats = kernel_stats()
+    missing = sorted(set(expected_kernels()) - {k for k, v in stats.items() if v["loaded"] + v["compiled"]})
+    if missing:
+        raise RuntimeError(f"kernels: {missing} were not run by the warm-up; extend stages.kernels.compile_kernels")
+    report = {"numba": numba.__version__, "cpu": _host_cpu(), "machine": platform.machine(),
+              "seconds": round(time.perf_counter() - t0, 2), "kernels": stats}
+    log.info("kernels: %d compiled, %d loaded from the cache in %.1f s (%s)",
+             sum(v["compiled"] for v in stats.values()), sum(v["loaded"] for v in stats.values()),
+             report["seconds"], next(iter(stats.values()))["cache"])
+    return report
+
+
+def _host_cpu() -> str:
+    import llvmlite.binding as llvm
+
+    return llvm.get_host_cpu_name()
+
+
+def kernels(out_json) -> None:
+    """Compile every kernel (or find it in the cache) and record what was done in `out_json`."""
+    store.save_json(out_json, compile_kernels())

@@ -1,0 +1,132 @@
+"""A job's start-up: what each stage imports, and numba kernels compiled once before the jobs.
+
+Every stage job is a fresh Python process, so what a stage imports is paid by every job:
+torch's import alone takes about 2 s. The stages that only read and sum stored arrays
+(entropy, tables, summary, text data) must not import torch or numba; none of the analysis
+stages may import transformers, torchvision, matplotlib or plotly. Checked in fresh
+subprocesses (this test process has imported everything).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_OR_PLOTS = {"transformers", "torchvision", "matplotlib", "plotly", "sentence_transformers"}
+ENGINE = {"torch", "numba"}
+
+
+def _fresh(code: str, env: dict | None = None) -> dict:
+    """Run `code` in a fresh interpreter; it prints one JSON object as its last line."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _loaded_by_import(*modules: str) -> set[str]:
+    """The heavy libraries loaded by importing `modules` together in a fresh interpreter (if none
+    of them loads one together, none does alone)."""
+    names = sorted(MODEL_OR_PLOTS | ENGINE)
+    imports = "; ".join(f"import {m}" for m in modules)
+    return set(_fresh(f"import sys, json; {imports}; print(json.dumps([m for m in {names!r} if m in sys.modules]))"))
+
+
+def test_reading_stages_and_the_job_set_up_import_neither_torch_nor_numba():
+    # runtime (setup_logging) runs in every job before its stage
+    assert _loaded_by_import("oattn_lib.runtime", *(f"oattn_lib.stages.{s}" for s in
+                                                     ("entropy", "tables", "summary", "data"))) == set()
+
+
+def test_analysis_stages_import_no_model_or_plotting_library():
+    stages = ("organize", "decompose", "entropy", "tables", "extract", "kernels")
+    assert not _loaded_by_import(*(f"oattn_lib.stages.{s}" for s in stages)) & MODEL_OR_PLOTS
+
+
+@pytest.fixture(scope="module")
+def decomposed(tmp_path_factory):
+    """Two samples of a tiny causal model organized and decomposed by the stages."""
+    from oattn_lib.stages.decompose import decompose_samples
+    from oattn_lib.stages.kernels import _tiny_sample
+    from oattn_lib.stages.organize import organize_samples
+
+    root = tmp_path_factory.mktemp("tiny")
+    att = [root / f"attention{i}.zarr" / "zarr.json" for i in range(2)]
+    for i, p in enumerate(att):
+        _tiny_sample(p.parent, n=10 + i, seed=i)
+    org = [root / f"organized{i}.zarr" / "zarr.json" for i in range(2)]
+    dec = [root / f"decomposed{i}.zarr" / "zarr.json" for i in range(2)]
+    organize_samples(att, org, "probs", params={"n_iters": 1})
+    decompose_samples(att, org, dec, "probs", figure_heads=[[0, 0]], questionnaire2d_iters=1, random_tree_seeds=1)
+    return root, org, dec
+
+
+def test_entropy_and_tables_run_without_torch(decomposed, tmp_path):
+    """Not only imported: run on real decomposed stores, entropy and tables load neither torch
+    nor numba, and give what the torch path gives."""
+    import xarray as xr
+
+
+    _, org, dec = decomposed
+    out = tmp_path / "entropy.zarr" / "zarr.json"
+    names = sorted(MODEL_OR_PLOTS | ENGINE)
+    code = f"""
+import sys, json
+from oattn_lib.stages.entropy import entropy
+from oattn_lib.stages.tables import tables
+entropy({[str(p) for p in dec]!r}, {str(out)!r}, 8, 8)
+t = {str(tmp_path)!r}
+tables({str(out)!r}, t + '/t1.csv', t + '/t1.md', t + '/t2.csv', t + '/t2.md', fraction=0.5, model_name='tiny',
+       organized_stores={[str(p) for p in org]!r}, out_head_tree_csv=t + '/ht.csv')
+print(json.dumps([m for m in {names!r} if m in sys.modules]))
+"""
+    assert _fresh(code) == []
+    # the same sums in torch (the path the stage took before it read numpy)
+    import torch
+
+    from oattn_lib.entropy import coarse_l1, l1_over_l2
+
+    got = xr.open_zarr(out.parent, consolidated=False)
+    for i, path in enumerate(dec):
+        ds = xr.open_zarr(path.parent, consolidated=False)
+        c2 = torch.from_numpy(ds["bihaar"].values)
+        want = coarse_l1(c2, [ds["support_q"].values, ds["support_k"].values],
+                         [ds["level_q"].values, ds["level_k"].values], 8)
+        np.testing.assert_allclose(got["head_entropy"].values[i].ravel(), want, rtol=1e-12)
+        np.testing.assert_allclose(got["head_sparsity"].values[i].ravel(), l1_over_l2(c2, (0, 1)).numpy(),
+                                   rtol=1e-12)
+
+
+def test_kernels_compiled_once_are_loaded_by_later_jobs(decomposed, tmp_path):
+    """Rule kernels' warm-up compiles every kernel into an empty cache; a later process running
+    organize and decompose on another sample (other sizes) compiles none of them."""
+    root, _, _ = decomposed
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    report = _fresh("import json; from oattn_lib.stages.kernels import compile_kernels, expected_kernels; "
+                    "r = compile_kernels(); r['expected'] = expected_kernels(); print(json.dumps(r))", env)
+    assert set(report["kernels"]) == set(report["expected"]) and len(report["expected"]) >= 5
+    assert all(v["compiled"] >= 1 for v in report["kernels"].values()), report["kernels"]  # the cache was empty
+    assert all(v["cache"].startswith(env["NUMBA_CACHE_DIR"]) for v in report["kernels"].values())
+    later = f"""
+import json
+from oattn_lib.runtime import kernel_stats
+from oattn_lib.stages.decompose import decompose
+from oattn_lib.stages.organize import organize
+from oattn_lib.stages.kernels import _tiny_sample
+from pathlib import Path
+t = Path({str(tmp_path)!r})
+_tiny_sample(t / 'a.zarr', n=15, n_layer=3, n_head=2, seed=5)
+organize(t / 'a.zarr/zarr.json', t / 'o.zarr/zarr.json', 'scores', params={{'n_iters': 2}})
+decompose(t / 'a.zarr/zarr.json', t / 'o.zarr/zarr.json', t / 'd.zarr/zarr.json', 'scores', figure_heads=[[1, 1]],
+          questionnaire2d_iters=2, random_tree_seeds=2)
+print(json.dumps(kernel_stats()))
+"""
+    stats = _fresh(later, env)
+    assert set(stats) == set(report["expected"])
+    assert all(v["compiled"] == 0 and v["loaded"] >= 1 for v in stats.values()), stats
