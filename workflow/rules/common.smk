@@ -33,6 +33,16 @@ ANALYSED = {**MODELS, **SF_MODELS}
 FIGURES = [f"fig{i}" for i in range(1, 7)]
 
 
+# Job priorities (Snakemake starts the ready job of highest priority first; its scheduler knows
+# nothing of run times). Training first (the longest chain), then every step of a sample's
+# analysis chain (data, GGUF preparation, extract, organize, decompose, entropy), then prune
+# (the longest leaf: an LLM's masked forward passes), then the leaves that read everything
+# (tables, figures, pages, summary). Measured on the default run, 2 cores: with only training
+# first, SmolLM2's extraction waited for the small models' figures and its prune ran alone for
+# the last two minutes of the run.
+PRIORITY = {"train": 10, "chain": 5, "prune": 1}
+
+
 def name_pattern(names):
     return "|".join(re.escape(n) for n in names) or "(?!)"
 

@@ -11,10 +11,9 @@ rule prepare_data:
         f"{R}/logs/{{model}}/prepare_data.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/prepare_data.tsv"
-    # before the other ready jobs (after training): a trained model's data gates its training,
-    # the longest chain of a run; without it the last model's data came after other models'
-    # extractions, and its training started 100 s late
-    priority: 5
+    # with training, which it gates (the longest chain of a run): a text model's data has no
+    # inputs, and the greedy scheduler, largest inputs first, started its training 60 s late
+    priority: PRIORITY["train"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1

@@ -14,6 +14,9 @@ rule entropy:
         f"{R}/benchmarks/{{model}}/entropy.tsv"
     wildcard_constraints:
         model=ANALYSED_MODEL,
+    # the analysis chain of a sample before the jobs that read all of it: a long leaf (an LLM's
+    # prune) then starts early instead of alone at the end (common.smk, PRIORITY)
+    priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1

@@ -17,6 +17,9 @@ rule extract:
         f"{R}/benchmarks/{{model}}/extract_sample{{sample}}.tsv"
     wildcard_constraints:
         model=PER_SAMPLE_MODEL,
+    # the analysis chain of a sample before the jobs that read all of it: a long leaf (an LLM's
+    # prune) then starts early instead of alone at the end (common.smk, PRIORITY)
+    priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1
@@ -47,6 +50,7 @@ for _k in BATCH_SIZES:
             f"{R}/benchmarks/{{model}}/extract.tsv"
         wildcard_constraints:
             model=batched_pattern(_k),
+        priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1

@@ -11,6 +11,8 @@ rule kernels:
         f"{R}/logs/kernels.log",
     benchmark:
         f"{R}/benchmarks/kernels.tsv"
+    # with training: every organize job waits for it
+    priority: PRIORITY["train"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1

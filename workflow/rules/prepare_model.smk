@@ -14,6 +14,8 @@ rule prepare_model:
         f"{R}/benchmarks/{{model}}/prepare_model.tsv"
     wildcard_constraints:
         model=name_pattern(GGUF_MODELS),
+    # a GGUF model's extraction and everything after it wait for it (common.smk, PRIORITY)
+    priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1

@@ -30,6 +30,8 @@ rule prune:
         f"{R}/logs/{{model}}/prune.log",
     benchmark:
         f"{R}/benchmarks/{{model}}/prune.tsv"
+    # the longest job after training (an LLM's masked forward passes): before figures and pages
+    priority: PRIORITY["prune"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1

@@ -19,7 +19,7 @@ rule train:
     benchmark:
         f"{R}/benchmarks/{{model}}/train.tsv"
     # first among ready jobs: training starts the longest chain (train, extract, organize, ...)
-    priority: 10
+    priority: PRIORITY["train"]
     conda:
         "../../envs/oattn.yaml"
     # one thread (2 gave the tiny models 1.1-1.2x on 2 cores, and held both cores): training
