@@ -172,6 +172,19 @@ def test_editing_the_questionnaire_reruns_organize_and_after_and_undoing_it_noth
     assert dry_run(project) == {}
 
 
+def test_editing_a_kernel_module_recompiles_and_reruns_organize_and_after(project):
+    """emd.py defines numba kernels: the kernels rule reruns, and with it everything that runs the
+    kernels (with the kernels' output as an ancient() input Snakemake planned the kernels alone)."""
+    edit = Edit(project / "oattn_lib" / "emd.py")
+    try:
+        edit.replace("\n_BLOCK = 16\n", "\n_BLOCK = 16\n_EDITED = True\n")
+        assert dry_run(project) == {"kernels": 1, **ANALYSIS_AFTER_ORGANIZE}
+        assert dry_run(project, "--rerun-triggers", "mtime", "params", "input") == {}
+    finally:
+        edit.undo()
+    assert dry_run(project) == {}
+
+
 def test_editing_plots_reruns_the_figures_only(project):
     edit = Edit(project / "oattn_lib" / "plots" / "style.py")
     try:

@@ -96,7 +96,10 @@ def all_samples(pattern, k):
     return expand(pattern, sample=range(k), allow_missing=True)
 
 
-# the numba kernels, compiled once before the jobs that run them (kernels.smk)
+# the numba kernels, compiled once before the jobs that run them (kernels.smk). An input of
+# organize, decompose and softmax_free_paraproduct, and not ancient(): Snakemake 9 then skips
+# the jobs after a rerun kernels job (an edit of emd.py planned kernels and not organize).
+# The kernels job reruns only when the kernels' own modules change, which every consumer runs.
 KERNELS = f"{R}/kernels/numba.json"
 
 
@@ -117,16 +120,20 @@ def organized_stores(wildcards):
 LIBRARY_ROOT = workflow.basedir if os.path.isdir(os.path.join(workflow.basedir, "oattn_lib")) else None
 
 
-def code_version(rule_name, script=None):
+def code_version(rule_name, script=None, modules=None):
     """Param `code`: the fingerprint of the library code a rule's script runs
     (oattn_lib.fingerprint), so that editing oattn_lib/questionnaire.py reruns organize and
-    what follows, and never training. Computed once here, at DAG build time.
+    what follows, and never training. Computed once here, at DAG build time. `modules`:
+    fingerprint these library modules instead of the script (rule kernels).
 
     With the code trigger off (`--rerun-triggers mtime params input`), the param keeps the
     value recorded with the rule's outputs, so a code edit reruns nothing.
     """
     script = script or rule_name
-    fp = f"{script}:{code_fingerprint(os.path.join(workflow.basedir, 'scripts', f'{script}.py'), LIBRARY_ROOT)}"
+    if modules is None:
+        fp = f"{script}:{code_fingerprint(os.path.join(workflow.basedir, 'scripts', f'{script}.py'), LIBRARY_ROOT)}"
+    else:
+        fp = f"{script}:{modules_fingerprint(modules, LIBRARY_ROOT)}"
     prefix = repr(f"{script}:")[:-1]
 
     def version(wildcards):
@@ -141,13 +148,6 @@ def code_version(rule_name, script=None):
         return fp
 
     return version
-
-
-def kernels_code():
-    """Param `code` of the kernels rule: the fingerprint of the modules that define the kernels (and
-    what they import), not of the stages its warm-up runs, so that editing the questionnaire
-    reruns organize, never the kernels."""
-    return f"kernels:{modules_fingerprint(KERNEL_MODULES, LIBRARY_ROOT)}"
 
 
 def model_data(wildcards):

@@ -8,7 +8,7 @@
 rule organize:
     input:
         attention=[ATTENTION],
-        kernels=ancient(KERNELS),
+        kernels=KERNELS,
     output:
         store=[ORGANIZED],
     log:
@@ -43,7 +43,7 @@ for _k in BATCH_SIZES:
             f"organize_{_k}_samples"
         input:
             attention=all_samples(ATTENTION, _k),
-            kernels=ancient(KERNELS),
+            kernels=KERNELS,
         output:
             store=all_samples(ORGANIZED, _k),
         log:

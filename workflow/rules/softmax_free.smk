@@ -44,7 +44,7 @@ rule softmax_free_train:
 rule softmax_free_paraproduct:
     input:
         attention=paraproduct_attention,
-        kernels=ancient(KERNELS),
+        kernels=KERNELS,
     output:
         store=store(f"{R}/{{model}}/paraproduct.zarr"),
     log:
