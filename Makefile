@@ -20,10 +20,10 @@ run: $(VENV)/.installed
 	$(BIN)/snakemake --profile workflow/profiles/default --cores $(CORES) --report results/report.html
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(CORES)
 
 test-all: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+	$(BIN)/python -m pytest -q -n $(CORES) -m "slow or not slow"
 
 clean-results:
 	rm -rf results/* .snakemake && touch results/.gitkeep
