@@ -4,7 +4,7 @@
 
 Prints, per file, "identical" (bit for bit), the largest absolute and relative difference
 of each numeric column / variable that differs, or what is missing on either side. Used to
-show that a refactoring changes no number (issue 11). Exit status 1 when anything differs.
+show that a refactoring changes no number. Exit status 1 when anything differs.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Timings of the tree EMD hot spot (SPEC 3.1) at the paper's size; prints JSON.
+"""Timings of the tree EMD hot spot (docs/method.md §4) at the paper's size; prints JSON.
 
 pairwise L1 on the feature shapes of one questionnaire iteration on a 256 x 256 x 128
 (query, key, head) tensor, against torch.cdist(p=1), and tree_emd for the head, query and

@@ -13,7 +13,7 @@ Cases:
   8 heads organized in 2-D per sample with 10 questionnaire iterations);
 - `lod`: synthetic 1024 tokens x 32 heads x 2 samples (the level of detail and full-resolution
   extras; 1 head in 2-D, 1 iteration), and the plan (resolution, size) of 1024 tokens x 270
-  heads x 6 samples, the LLM of issue 12.
+  heads x 6 samples, the size of SmolLM2-135M (30 layers x 9 heads) at 1024 tokens.
 Synthetic stores: oattn_lib.explorer.synthetic (the build cost does not depend on their trees).
 Prints one line per page and one JSON object.
 Usage: python bench/explorer.py [--results results] [--cases default,lod] [--no-browser]

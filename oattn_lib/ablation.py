@@ -1,6 +1,6 @@
-"""Head ablation: does low Haar entropy mean a head can go? (issue 6, beyond the paper)
+"""Head ablation: does low Haar entropy mean a head can go? (beyond the paper; docs/method.md §11)
 
-The paper suggests that heads with low l1 Haar entropy (SPEC 4) "do little processing and
+The paper suggests that heads with low l1 Haar entropy (docs/method.md §6.2) "do little processing and
 could be discarded". This module holds what tests that on a trained network: the metric of
 a network with heads masked, the importance rankings a reviewer would ask for, and the
 summaries of the resulting curves. The rankings, all computed on the same (extracted)

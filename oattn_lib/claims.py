@@ -3,7 +3,7 @@
 Four claims of Fasina et al., per model:
 
 1. sparsity: organized heads are sparse in the bi-/tri-Haar basis. Measured: the network's
-   l1/l2 ratio of all tri-Haar coefficients (SPEC 4; lower is sparser) under the
+   l1/l2 ratio of all tri-Haar coefficients (docs/method.md §6.3; lower is sparser) under the
    organized trees divided by the same under random trees, per sample.
 2. recurrence: the bottom-entropy heads recur across batches. Measured: the mean Jaccard
    index of the bottom-`fraction` head sets between every pair of samples, against its

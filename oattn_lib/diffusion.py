@@ -1,4 +1,4 @@
-"""Diffusion map of the heads (SPEC 6, Figure 3 of the paper).
+"""Diffusion map of the heads (docs/method.md §8, Figure 3 of the paper).
 
 From a head affinity G (for example the questionnaire's G_H), the symmetric
 normalisation M = D^-1/2 G D^-1/2 has the same spectrum as the Markov matrix D^-1 G;
@@ -20,7 +20,7 @@ __all__ = ["DiffusionMap", "diffusion_map"]
 
 @dataclass(frozen=True, eq=False)
 class DiffusionMap:
-    """Diffusion coordinates of n items (SPEC 6).
+    """Diffusion coordinates of n items (docs/method.md §8).
 
     coords: (n, n_components), column k - 1 is psi_k = phi_k / phi_0 * lambda_k^t.
     eigenvalues: (n_components + 1,), lambda_0 (= 1) first, then descending.
@@ -47,7 +47,10 @@ def _complement_basis(v: torch.Tensor) -> torch.Tensor:
 
 
 def diffusion_map(affinity, n_components: int = 3, t: float = 1) -> DiffusionMap:
-    """Diffusion map of a symmetric nonnegative affinity matrix (SPEC 6).
+    """Diffusion map of a symmetric nonnegative affinity matrix (docs/method.md §8).
+
+    affinity : float array or tensor of shape (n, n); see `DiffusionMap` for the shapes of
+    the result.
 
     M = D^-1/2 G D^-1/2 with D the row sums of G (plus 1e-12 times the largest row sum,
     so that items with no affinity to anything do not divide by zero; such an item is

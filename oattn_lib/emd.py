@@ -1,4 +1,4 @@
-"""Tree earth mover's distance between slices of a 3-tensor, and its affinity (SPEC 3.1).
+"""Tree earth mover's distance between slices of a 3-tensor, and its affinity (docs/method.md §4).
 
 The tree EMD of Ankenman (2014) as used by the 3D questionnaire (Mishne et al. 2016):
 given partition trees on the two axes that are not compared, a slice is described by the
@@ -220,7 +220,7 @@ def _pairwise_l1_torch(F: torch.Tensor, row_chunk: int = 1024, col_chunk: int = 
 
 
 def pairwise_l1(F):
-    """L1 distances between the rows of F (m, d): the EMD of SPEC 3.1 on tree features.
+    """L1 distances between the rows of F (m, d): the EMD of docs/method.md §4.1 on tree features.
 
     Returns a symmetric float64 (m, m) matrix with a zero diagonal, as numpy or torch like
     the input. On CPU this runs a cache-blocked multi-threaded kernel (numba); on other
@@ -249,7 +249,7 @@ _BLOCK_BYTES = 64 << 20
 
 
 class TreeEMD:
-    """Tree EMDs between the slices of one (query, key, head) tensor, over any trees (SPEC 3.1).
+    """Tree EMDs between the slices of one (query, key, head) tensor, over any trees (docs/method.md §4).
 
     X is checked once; the buffers of the feature blocks are kept from call to call (on
     this machine fresh memory costs more than the sweeps that fill it), so the
@@ -350,12 +350,15 @@ def _reload(prog: Program) -> Program:
 
 
 def tree_features(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0) -> torch.Tensor:
-    """Tree EMD feature vector of every slice of X along `axis` (SPEC 3.1), as torch.
+    """Tree EMD feature vector of every slice of X along `axis` (docs/method.md §4.1), as torch.
+
+    X : float array or tensor of shape (n_query, n_key, n_head); the result is a float
+    tensor (n_slices, F_a * F_b), float32 (X is taken in float32), on X's device.
 
     Row s of the (n_slices, F_a * F_b) result holds w(A) w(B) mean(X_s[A, B]) over every
     pair of distinct folders (A in trees[0], B in trees[1]); a folder that repeats over k
     levels (single child) carries the sum of its k level weights, so the L1 distance
-    between rows equals the L1 over all (level, folder) pairs of the SPEC. `tree_emd`
+    between rows equals the L1 over all (level, folder) pairs of docs/method.md §4.1. `tree_emd`
     never holds this matrix; this is its reference.
     """
     emd = TreeEMD(X)
@@ -365,8 +368,9 @@ def tree_features(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0) ->
 
 
 def tree_emd(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0):
-    """Tree EMD between the slices of a (query, key, head) tensor along `axis` (SPEC 3.1).
+    """Tree EMD between the slices of a (query, key, head) tensor along `axis` (docs/method.md §4).
 
+    X : float array or tensor of shape (n_query, n_key, n_head).
     `axis` picks the slices compared (2: heads, X[:, :, h]; 0: queries; 1: keys);
     `trees` = (tree on the first remaining axis, tree on the second), in increasing axis
     order, e.g. (T_Q, T_K) for axis=2. Folder weights are
@@ -382,7 +386,9 @@ def tree_emd(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0):
 
 
 def emd_affinity(D, eps: float = 1.0):
-    """Gaussian affinity G = exp(-D / (eps * median(D))) between slices (SPEC 3.1).
+    """Gaussian affinity G = exp(-D / (eps * median(D))) between slices (docs/method.md §4.3).
+
+    D : nonnegative float array or tensor of shape (n, n); G has the same shape.
 
     The median is over all n^2 entries of D (diagonal included, the mean of the two middle
     values when n^2 is even, as numpy's). Degenerate scales never divide by zero: if the

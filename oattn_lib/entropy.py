@@ -1,4 +1,4 @@
-"""Haar "entropies" and sparsity of organized heads and networks (SPEC 4).
+"""Haar "entropies" and sparsity of organized heads and networks (docs/method.md §6).
 
 The paper's l1 entropy sums the magnitudes of the coarsest Haar coefficients (those with
 the largest support). It measures coarse-scale structure, not sparsity: under random
@@ -30,11 +30,14 @@ def coarsest(supports: list[np.ndarray], levels: list[np.ndarray], top_k: int) -
 
     `supports`/`levels` hold one array per axis; the support of a product function is the
     product of the supports, its level the sum of the levels. Ties go to the coarser
-    level, then to the lower flat index (SPEC 4).
+    level, then to the lower flat index (docs/method.md §6.1).
 
     Only the first `top_k` functions of each axis (in that axis's own order) can take
     part: any other one is preceded by at least `top_k` products that differ from it on
     that axis alone. So the sort runs over at most top_k^d candidates, not the whole tensor.
+
+    supports, levels : one int array of shape (n_a,) per axis a (from `haar.haar_basis`).
+    Returns int64 (top_k,), flat indices into the (n_0, n_1, ...) tensor, coarsest first.
     """
     shape = tuple(len(s) for s in supports)
     total = int(np.prod(shape))
@@ -78,7 +81,7 @@ def coarse_l1(c: np.ndarray | torch.Tensor, supports: list[np.ndarray], levels: 
 
 
 def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
-    """Per-head l1 entropy: sum of |C_h| over the `top_k` coarsest bi-Haar functions (SPEC 4).
+    """Per-head l1 entropy: sum of |C_h| over the `top_k` coarsest bi-Haar functions (docs/method.md §6.2).
 
     X is (query, key, head); `org` an Organization (its query and key trees are used).
     Returns a float64 array of shape (head,).
@@ -92,7 +95,9 @@ def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
 
 
 def network_entropy(X, org, top_k: int = 100) -> float:
-    """Network l1 entropy: sum of |C| over the `top_k` coarsest tri-Haar functions (SPEC 4)."""
+    """Network l1 entropy: sum of |C| over the `top_k` coarsest tri-Haar functions (docs/method.md §6.2).
+
+    X : float array or tensor (query, key, head); `org` an Organization. Returns a float."""
     from .haar import trihaar
 
     x, _ = as_tensor(X, "X", ndim=3)
@@ -102,12 +107,14 @@ def network_entropy(X, org, top_k: int = 100) -> float:
 
 
 def l1_over_l2(c: np.ndarray | torch.Tensor, dims):
-    """l1 norm over l2 norm of `c` along `dims` (SPEC 4's sparsity; lower is sparser).
+    """l1 norm over l2 norm of `c` along `dims` (the sparsity of docs/method.md §6.3; lower is sparser).
 
     numpy in, numpy out; torch in, torch out (on c's device). Sums are float64, taken a
     slab of `c` at a time in two reused float64 buffers (no float64 copy of all of c, and
     no fresh temporaries: freed ones were not reused here, and the peak grew by the float64
     size of c).
+
+    c : float array or tensor of any shape; the result is float64 of c's shape without `dims`.
     """
     dims = tuple(d % max(c.ndim, 1) for d in ((dims,) if isinstance(dims, int) else dims))
     if c.ndim == 0:
@@ -154,7 +161,9 @@ def l1_norm(c: np.ndarray | torch.Tensor) -> float:
 
 
 def head_sparsity(X, org) -> np.ndarray:
-    """Per-head l1/l2 ratio of all bi-Haar coefficients; lower is sparser (SPEC 4)."""
+    """Per-head l1/l2 ratio of all bi-Haar coefficients; lower is sparser (docs/method.md §6.3).
+
+    X : float array or tensor (query, key, head); returns float64 numpy (head,)."""
     from .haar import bihaar
 
     x, _ = as_tensor(X, "X", ndim=3)
@@ -162,7 +171,9 @@ def head_sparsity(X, org) -> np.ndarray:
 
 
 def network_sparsity(X, org) -> float:
-    """l1/l2 ratio of all tri-Haar coefficients of the network; lower is sparser (SPEC 4)."""
+    """l1/l2 ratio of all tri-Haar coefficients of the network; lower is sparser (docs/method.md §6.3).
+
+    X : float array or tensor (query, key, head); returns a float."""
     from .haar import trihaar
 
     x, _ = as_tensor(X, "X", ndim=3)
@@ -170,7 +181,7 @@ def network_sparsity(X, org) -> float:
 
 
 def n_extreme(n_heads: int, fraction: float) -> int:
-    """Size of the top/bottom set: round(fraction * H), at least 1 (SPEC 4, Table 1)."""
+    """Size of the top/bottom set: round(fraction * H), at least 1 (docs/method.md §6.4, Table 1)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction: must be in (0, 1], got {fraction}")
     return max(1, int(round(fraction * n_heads)))
@@ -203,7 +214,10 @@ def extreme_heads(entropies_by_batch, fraction: float = 0.1) -> dict[str, np.nda
 
 
 def jaccard_stability(entropies_by_batch, fraction: float = 0.1, which: str = "bottom") -> np.ndarray:
-    """Jaccard index of the bottom (or top) `fraction` head sets between every pair of batches."""
+    """Jaccard index of the bottom (or top) `fraction` head sets between every pair of batches.
+
+    entropies_by_batch : float array of shape (batch, head). Returns float64 (batch, batch).
+    """
     if which not in ("bottom", "top"):
         raise ValueError(f"which: must be 'bottom' or 'top', got {which!r}")
     bottom, top = _ranked_sets(entropies_by_batch, fraction)

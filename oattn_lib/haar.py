@@ -1,4 +1,4 @@
-"""Haar bases on partition trees and the bi-/tri-Haar transforms (SPEC 2).
+"""Haar bases on partition trees and the bi-/tri-Haar transforms (docs/method.md §3).
 
 The basis of Gavish, Nadler and Coifman (2010): column 0 is the constant; each folder
 with m children contributes m - 1 vectors that are constant on each child and balance
@@ -78,7 +78,7 @@ def _basis_cached(tree: PartitionTree):
 
 
 def haar_basis(tree: PartitionTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Orthonormal Haar basis of R^n on `tree` (SPEC 2).
+    """Orthonormal Haar basis of R^n on `tree` (docs/method.md §3.1-§3.3).
 
     Returns (B, support, level): B is (n, n) float64 with orthonormal columns, column 0
     the constant; support[j] is the size of the folder vector j lives on (n for the
@@ -111,10 +111,11 @@ def _transform(x: torch.Tensor, trees, inverse: bool) -> torch.Tensor:
 
 
 def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree):
-    """bi-Haar coefficients C_h = B_Q^T X_h B_K of every head (SPEC 2).
+    """bi-Haar coefficients C_h = B_Q^T X_h B_K of every head (docs/method.md §3.5).
 
-    X is (query, key, head) or a single (query, key) head; the result has the same shape,
-    indexed by (query basis, key basis[, head]), in the column order of `haar_basis`.
+    X : float array or tensor of shape (n_query, n_key, n_head), or one (n_query, n_key)
+    head (an integer input is computed in float32). The result has the same shape, dtype and
+    device, indexed by (query basis, key basis[, head]), in the column order of `haar_basis`.
     Computed by fast sweeps through the trees (`sweep.haar_sweep`), O(n) per vector and
     with no memory beyond the result.
     """
@@ -124,29 +125,37 @@ def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree):
 
 
 def inverse_bihaar(C, tree_q: PartitionTree, tree_k: PartitionTree):
-    """Reconstruct heads from bi-Haar coefficients: X_h = B_Q C_h B_K^T."""
+    """Reconstruct heads from bi-Haar coefficients: X_h = B_Q C_h B_K^T.
+
+    C : float array or tensor of shape (n_query, n_key, n_head) or (n_query, n_key); the
+    result has the same shape, dtype and device."""
     c, was_np, single = _prepare(C, "C", (tree_q, tree_k), (2, 3))
     x = _transform(c, (tree_q, tree_k), inverse=True)
     return back(x[:, :, 0] if single else x, was_np)
 
 
 def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
-    """tri-Haar coefficients of the network: X x_1 B_Q^T x_2 B_K^T x_3 B_H^T (SPEC 2)."""
+    """tri-Haar coefficients of the network: X x_1 B_Q^T x_2 B_K^T x_3 B_H^T (docs/method.md §3.5).
+
+    X : float array or tensor of shape (n_query, n_key, n_head); the result has the same
+    shape, dtype and device, indexed by (query basis, key basis, head basis)."""
     x, was_np, _ = _prepare(X, "X", (tree_q, tree_k, tree_h), 3)
     return back(_transform(x, (tree_q, tree_k, tree_h), inverse=False), was_np)
 
 
 def inverse_trihaar(C, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
-    """Reconstruct the network tensor from its tri-Haar coefficients."""
+    """Reconstruct the network tensor from its tri-Haar coefficients C, a float array or
+    tensor of shape (n_query, n_key, n_head); the result has the same shape, dtype and device."""
     c, was_np, _ = _prepare(C, "C", (tree_q, tree_k, tree_h), 3)
     return back(_transform(c, (tree_q, tree_k, tree_h), inverse=True), was_np)
 
 
 def bihaar_support(tree_q: PartitionTree, tree_k: PartitionTree) -> np.ndarray:
-    """Support size of each bi-Haar basis function (a, b): support_Q(a) * support_K(b)."""
+    """Support size of each bi-Haar basis function (a, b): support_Q(a) * support_K(b);
+    int64 (n_query, n_key)."""
     return np.outer(haar_basis(tree_q)[1], haar_basis(tree_k)[1])
 
 
 def trihaar_support(tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree) -> np.ndarray:
-    """Support size of each tri-Haar basis function (a, b, c)."""
+    """Support size of each tri-Haar basis function (a, b, c); int64 (n_query, n_key, n_head)."""
     return bihaar_support(tree_q, tree_k)[:, :, None] * haar_basis(tree_h)[1][None, None, :]

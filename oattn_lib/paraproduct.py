@@ -1,7 +1,7 @@
-"""Paraproduct decomposition of the softmax of an organized head (SPEC 5, Theorem 1).
+"""Paraproduct decomposition of the softmax of an organized head (docs/method.md §7, Theorem 1).
 
 The head f (N x M, rows = queries) is averaged over the dyadic rectangles of the
-balanced binary trees (SPEC 1.2) of its organized row and column axes:
+balanced binary trees (docs/method.md §2.5) of its organized row and column axes:
 E_{j,j'} f = P_j f Q_{j'}^T expanded back to N x M, with P_j, Q_{j'} the row-normalised
 membership matrices of the folders at levels j and j'. The levels of the two trees
 need not match (J_r = ceil(log2 N), J_c = ceil(log2 M) refinements down to single
@@ -39,7 +39,7 @@ whole range (about exp(1454)). Added as floats they leave an absolute error of a
 for a 64 x 64 head with rows at +-40 in random order plus noise 8. No factor or order
 of summation avoids this, because the largest terms really are that large. But the sum
 is a linear combination of the g_{j,j'} with integer coefficients, so `telescoping_sum`
-first adds up, in exact integer arithmetic, the coefficients that the SPEC's terms
+first adds up, in exact integer arithmetic, the coefficients that the terms of docs/method.md §7.2
 (g_{0,0}, the one-dimensional and the mixed differences) give each g_{j,j'}, and only
 then evaluates the g_{j,j'} that keep a nonzero coefficient. The result is exact for any
 finite input; what it checks is the bookkeeping of the terms (a wrong sign or index
@@ -61,7 +61,7 @@ __all__ = ["Paraproduct", "block_averages", "paraproduct", "relative_residuals",
 
 @dataclass(frozen=True, eq=False)
 class Paraproduct:
-    """The paraproduct decomposition of softmax(organized head) (SPEC 5).
+    """The paraproduct decomposition of softmax(organized head) (docs/method.md §7).
 
     organized: f[row_order][:, col_order]; exact: its row softmax; approximation: the
     paraproduct approximation of the softmax; residual = exact - approximation;
@@ -278,8 +278,10 @@ def _norm(t: torch.Tensor) -> float:
 
 # -- public API -------------------------------------------------------------------------
 def block_averages(f, row_level: int, col_level: int):
-    """E_{j,j'} f (SPEC 5): f averaged over the folders of level j of the row tree times
-    level j' of the column tree (balanced binary trees on f's own order), N x M."""
+    """E_{j,j'} f (docs/method.md §7.1): f averaged over the folders of level j of the row tree times
+    level j' of the column tree (balanced binary trees on f's own order).
+
+    f : float array or tensor of shape (N, M); returns float64 (N, M), numpy or torch like f."""
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     n, m = x.shape
     for name, lev, size in (("row_level", row_level, n), ("col_level", col_level, m)):
@@ -290,7 +292,7 @@ def block_averages(f, row_level: int, col_level: int):
 
 
 def telescoping_sum(f, n_scales=None):
-    """The exact telescoping reconstruction of exp(f - rowmax(f)) (SPEC 5).
+    """The exact telescoping reconstruction of exp(f - rowmax(f)) (docs/method.md §7.2).
 
     f is taken as already organized. The sum of g_{0,0}, all one-dimensional and all
     mixed differences up to scales n_scales = (J_r, J_c) (default: down to single
@@ -300,6 +302,8 @@ def telescoping_sum(f, n_scales=None):
     carries the factor exp(-rowmax_i). Raises ValueError naming f if the result is not
     representable (possible only for truncated scales, whose block averages can exceed
     the row maximum).
+
+    f : float array or tensor of shape (N, M); returns float64 (N, M), numpy or torch like f.
     """
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     jr, jc = _check_scales(n_scales, *x.shape)
@@ -317,11 +321,11 @@ def telescoping_sum(f, n_scales=None):
 
 
 def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) -> Paraproduct:
-    """Paraproduct approximation of softmax of an organized head (SPEC 5, Theorem 1).
+    """Paraproduct approximation of softmax of an organized head (docs/method.md §7.3, Theorem 1).
 
     f: (N, M) head, rows = queries (pre-softmax scores); any N, M >= 1. row_order,
-    col_order: permutations organizing the axes (e.g. from the 2D questionnaire, SPEC
-    3.3); None means identity, i.e. f is already organized. n_scales: None (all scales,
+    col_order: permutations organizing the axes (e.g. from the 2D questionnaire,
+    docs/method.md §5.3); None means identity, i.e. f is already organized. n_scales: None (all scales,
     down to single entries), an integer, or a (rows, cols) pair limiting the number of
     dyadic refinements; with fewer scales the residual includes the finer detail.
 
@@ -378,6 +382,8 @@ def relative_residuals(f, taus, row_order=None, col_order=None, n_scales=None, a
     The block averages of tau f are tau times those of f, so the organized head and its
     block averages are computed once and each temperature costs a few passes over N x M.
     Bad arguments (f, an order, n_scales, allowed, a tau <= 0) raise ValueError naming them.
+
+    f : float (N, M); taus : float (T,); allowed : bool (N, M) or None. Returns float64 (T,).
     """
     x, _ = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     t = np.asarray(taus, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""The questionnaire: co-organizing the axes of attention tensors (SPEC 3.2, 3.3).
+"""The questionnaire: co-organizing the axes of attention tensors (docs/method.md §5).
 
 Each axis gets a partition tree built from an affinity between its slices; the affinity
 of one axis is the tree-EMD over the product of the other axes' trees, so every tree
@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Organization:
-    """Trees and affinities of the three axes of a (query, key, head) tensor."""
+    """Trees and affinities of the three axes of a (query, key, head) tensor.
+
+    tree_q, tree_k, tree_h : trees on n_query, n_key and n_head items.
+    affinity_q, affinity_k, affinity_h : float64 (n_query, n_query), (n_key, n_key),
+    (n_head, n_head), symmetric.
+    """
 
     tree_q: PartitionTree
     tree_k: PartitionTree
@@ -34,11 +39,13 @@ class Organization:
 
     @property
     def orders(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Organized leaf orders of query, key and head: X[oq][:, ok][:, :, oh]."""
+        """Organized leaf orders of query, key and head, int64 (n_query,), (n_key,), (n_head,):
+        X[oq][:, ok][:, :, oh]."""
         return self.tree_q.order, self.tree_k.order, self.tree_h.order
 
     def organize(self, X):
-        """X permuted into the organized order on all three axes."""
+        """X (n_query, n_key, n_head), array or tensor, permuted into the organized order on all
+        three axes; same shape and kind."""
         oq, ok, oh = self.orders
         if isinstance(X, torch.Tensor):
             dev = X.device
@@ -50,7 +57,9 @@ class Organization:
 def cosine_affinity(slices: torch.Tensor) -> np.ndarray:
     """Cosine similarity between flattened slices (rows of a 2-D tensor), negatives set to 0.
 
-    The diagonal is 1 even for an all-zero slice, which has no direction (SPEC 3.2 step 1).
+    The diagonal is 1 even for an all-zero slice, which has no direction (docs/method.md §5.1).
+
+    slices : float tensor of shape (n, d); returns float64 numpy (n, n), symmetric.
     """
     return _cosine(slices, 0)
 
@@ -112,7 +121,7 @@ def _per_axis(value, name: str) -> tuple[float, float, float]:
 def questionnaire3d(X, n_iters: int = 3, alpha=0.0, beta=1.0, constant: float = 1.0,
                     head_uses_initial_trees: bool = False, seed: int = 0, eps: float = 1.0,
                     n_eigs: int = 12) -> Organization:
-    """Organize a network tensor X (query, key, head) by the 3-D questionnaire (SPEC 3.2).
+    """Organize a network tensor X (query, key, head) by the 3-D questionnaire (docs/method.md §5.2).
 
     Initial query and key trees come from cosine affinities of the flattened slices;
     each iteration then rebuilds the head, query and key trees in turn from tree-EMD
@@ -120,6 +129,8 @@ def questionnaire3d(X, n_iters: int = 3, alpha=0.0, beta=1.0, constant: float = 
     EMD folder-weight exponents (a number, or one per axis in (query, key, head) order).
     `head_uses_initial_trees=True` reproduces the authors' code, whose head step always
     used the initial query and key trees. Runs on the device of X.
+
+    X : float array or tensor of shape (n_query, n_key, n_head). Returns an `Organization`.
     """
     x, _ = as_tensor(X, "X", ndim=3)
     if n_iters < 1:
@@ -165,12 +176,14 @@ def _affinity(emd: TreeEMD, axis, trees, alphas, betas, eps) -> np.ndarray:
 def questionnaire2d(M, n_iters: int = 10, alpha: float = 1.0, beta: float = 0.0,
                     constant: float = 1.0, eps: float = 1.0, n_eigs: int = 12,
                     seed: int = 0) -> tuple[PartitionTree, PartitionTree]:
-    """Organize one head M (rows = queries, columns = keys) by the 2-D questionnaire (SPEC 3.3).
+    """Organize one head M (rows = queries, columns = keys) by the 2-D questionnaire (docs/method.md §5.3).
 
     The row tree starts from cosine affinities of the rows; each iteration rebuilds the
     column tree from the tree-EMD over the row tree, then the row tree from the EMD over
     the column tree. Returns (row tree, column tree); the organized head is
     M[row_tree.order][:, col_tree.order].
+
+    M : float array or tensor of shape (n_rows, n_cols).
     """
     m, _ = as_tensor(M, "M", ndim=2)
     if n_iters < 1:

@@ -1,4 +1,4 @@
-"""Labelled artifacts in zarr stores (SPEC 8): atomic writes, checked reads, provenance.
+"""Labelled artifacts in zarr stores (docs/method.md §12): atomic writes, checked reads, provenance.
 
 Every store is written to a temporary sibling directory and renamed into place, so a
 crash never leaves a half-written store at the output path that a rerun would trust.
@@ -187,7 +187,7 @@ def _require_finite(path: Path, name: str, values: np.ndarray) -> None:
 
 def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, code: str | None = None,
                      **extra) -> dict:
-    """Store attributes recording what produced an artifact (SPEC 8): the config slice,
+    """Store attributes recording what produced an artifact (docs/method.md §12.3): the config slice,
     the checkpoint hash, the stage's code fingerprint (`oattn_lib.fingerprint`, as
     "<stage>:<hash>") and any extras; JSON strings only."""
     attrs = {"config": json.dumps(config_slice, sort_keys=True, default=str)}

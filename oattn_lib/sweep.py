@@ -1,7 +1,7 @@
 """Sweeps through a partition tree: folder means and Haar coefficients, split by split.
 
-The fast transforms behind the Haar expansions (SPEC 2) and the tree-EMD features (SPEC
-3.1). A folder with m children, sorted by size descending (ties by label), is the chain
+The fast transforms behind the Haar expansions (docs/method.md §3.4) and the tree-EMD
+features (docs/method.md §4.2). A folder with m children, sorted by size descending (ties by label), is the chain
 of m - 1 binary splits "child i | children i+1..m" of its Haar vectors, so a tree on n
 items is a binary tree of n - 1 splits (a folder with one child adds none). The mean of
 a split is the size-weighted mean of its two parts, and the Haar coefficient of a split
@@ -47,7 +47,7 @@ class Splits:
     each comes after its parts. `left`/`right` are the parts of each split (left: the
     child on the positive side of its Haar vector), `height` its height, `size` the
     number of items under every node, `parent` the split above every node (-1 at the
-    root), `column` the Haar basis column of each split (SPEC 2 order; column 0 is the
+    root), `column` the Haar basis column of each split (docs/method.md §3.3 order; column 0 is the
     constant), `folder_node` the node of each distinct folder in `PartitionTree.folders`
     order.
     """
@@ -65,7 +65,11 @@ class Splits:
 
 @lru_cache(maxsize=64)
 def splits(tree: PartitionTree) -> Splits:
-    """The binary splits of `tree`, built from the leaves up (cached per tree)."""
+    """The binary splits of `tree`, built from the leaves up (cached per tree).
+
+    The arrays of the result are read-only int64: `left`, `right`, `height`, `column`
+    (n - 1,); `size`, `parent` (2n - 1,); `folder_node` (F,).
+    """
     n, lab = tree.n, tree.labels
     node = np.empty(n, dtype=np.int64)
     node[lab[-1]] = np.arange(n)  # node of each folder of the current level
@@ -499,6 +503,9 @@ def haar_sweep(x: torch.Tensor, tree: PartitionTree, dim: int, inverse: bool = F
 
     Row j of the result along `dim` is the coefficient of basis column j of
     `haar_basis(tree)`; `out` (contiguous, same shape) receives it and may be `x` itself.
+
+    x : float tensor of any shape with x.shape[dim] == tree.n; the result has its shape,
+    dtype and device.
     """
     sp = splits(tree)
     n = sp.n

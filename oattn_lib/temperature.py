@@ -1,4 +1,4 @@
-"""Where Theorem 1 holds: the paraproduct's relative residual against logit temperature (SPEC 5).
+"""Where Theorem 1 holds: the paraproduct's relative residual against logit temperature (docs/method.md §7.6).
 
 Theorem 1 says the softmax of an organized head is approximately the paraproduct, a sum
 of terms linear in the block differences of the head. The approximation is first order
@@ -12,7 +12,7 @@ beating a baseline order (the original one, random ones).
 Masked (causal) heads. The reference is the model's own masked softmax, never a softmax
 over positions the model may not see. The paraproduct decomposes exp(tau f) pointwise
 over the whole N x M grid, on the model's pre-mask scores (defined at every position:
-SPEC 7); the masked softmax is the linear map "zero the masked entries, divide row i by
+docs/method.md §9.5); the masked softmax is the linear map "zero the masked entries, divide row i by
 its masked sum Z_i" applied to exp(tau f), so applying it to every term of the
 decomposition decomposes the masked softmax itself, term by term (`paraproduct`'s
 `allowed`), exactly as it does for the unmasked row sums. So the block averages see the pre-mask
@@ -62,7 +62,7 @@ def attention_mask(probs) -> np.ndarray:
 
 
 def relative_residual(logits, row_order=None, col_order=None, allowed=None) -> float:
-    """||softmax - paraproduct approximation||_F / ||softmax||_F of one head (SPEC 5).
+    """||softmax - paraproduct approximation||_F / ||softmax||_F of one head (docs/method.md §7.6).
 
     `logits` (N, M) in the model's order, float64; `row_order`, `col_order` the orders
     the paraproduct organizes them by (None: as given); `allowed` (N, M) bool, False where

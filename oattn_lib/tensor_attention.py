@@ -39,7 +39,7 @@ N0 a_i + sum_{l<=i in chunk} (a_i . b_l) b_l, the numerator is G S0 + tril(G A_c
 tr T^(i) = sum(N0 * P0) + cumsum_i [b_i^T P_i b_i + a_i^T N_{i-1} a_i]; O(n C d + n d^2)
 time, O(n C + (n / C) d^2) memory.
 
-Attention maps for the analysis (SPEC 7): a tensor head's "probs" is the normalised T
+Attention maps for the analysis (docs/method.md §10.4): a tensor head's "probs" is the normalised T
 the values are multiplied by (mask and ReLU included, masked entries exactly 0); its
 "scores" is the raw kernel before normalisation, ReLU and mask: S S^T (T_Q), S^T S (T_K),
 and for the causal form the row-i kernel a_i^T N_i a_j / d at every j, the analogue of a

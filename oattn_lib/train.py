@@ -1,4 +1,4 @@
-"""Seeded training and evaluation of the analysed models (SPEC 7).
+"""Seeded training and evaluation of the analysed models (docs/method.md §9).
 
 Both loops are deterministic under their seed on CPU (same seed and same initial
 weights -> bitwise identical state_dict): they run with
@@ -7,7 +7,7 @@ so the caller's random state and determinism setting are left as they were. On C
 same switches are set (plus CUBLAS_WORKSPACE_CONFIG when unset); bitwise identity across
 machines is not promised there.
 
-`state_hash` gives the sha256 of a state_dict for provenance (SPEC 8).
+`state_hash` gives the sha256 of a state_dict for provenance (docs/method.md §12.3).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Partition trees (SPEC 1): nested partitions from the root down to singletons.
+"""Partition trees (docs/method.md §2): nested partitions from the root down to singletons.
 
 A tree on n items is an integer array ``labels[level, item]``; level 0 is the root (one
 folder), the last level holds n singletons, and every level refines the one above. The
@@ -23,7 +23,11 @@ __all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree", "le
 
 @dataclass(frozen=True, eq=False)
 class PartitionTree:
-    """Nested partitions of n items, level 0 = root; see the module docstring."""
+    """Nested partitions of n items, level 0 = root; see the module docstring.
+
+    labels : int array of shape (n_levels, n); stored as read-only int64 in the canonical
+    numbering.
+    """
 
     labels: np.ndarray
 
@@ -72,12 +76,13 @@ class PartitionTree:
 
     @cached_property
     def order(self) -> np.ndarray:
-        """Depth-first leaf order: ``X[order]`` is the organized axis."""
+        """Depth-first leaf order, int64 (n,): ``X[order]`` is the organized axis."""
         return np.argsort(self.labels[-1], kind="stable")
 
     @cached_property
     def folder_sizes(self) -> list[np.ndarray]:
-        """Per level, the number of items in each folder (indexed by folder label)."""
+        """Per level, the number of items in each folder (indexed by folder label): one int64
+        array of shape (n_folders(level),) per level."""
         return [np.bincount(self.labels[lev]) for lev in range(self.n_levels)]
 
     @cached_property
@@ -126,10 +131,11 @@ class PartitionTree:
         return np.concatenate(mems), np.concatenate(first), last
 
     def folder_weights(self, alpha: float = 0.0, beta: float = 1.0) -> np.ndarray:
-        """EMD weight of each distinct folder (SPEC 3.1), summed over the levels it spans.
+        """EMD weight of each distinct folder (docs/method.md §4.1), summed over the levels it spans.
 
         w(F) = (|F| / n)^beta * 2^((1 - level) * alpha) with the root at level 1; a folder
         repeated on k levels contributes k times to the L1 distance, hence the sum.
+        Returns float64 (F,), in the order of `folders`.
         """
         mem, first, last = self.folders
         size = mem.sum(1) / self.n
@@ -170,10 +176,12 @@ def _levels_to_tree(levels_bottom_up: list[np.ndarray]) -> PartitionTree:
 
 
 def balanced_tree(order) -> PartitionTree:
-    """Balanced binary tree over a given leaf order (SPEC 1.2).
+    """Balanced binary tree over a given leaf order (docs/method.md §2.5).
 
     Each folder of m items (in the given order) splits into the first ceil(m/2) and the
     rest, until singletons. The tree's `order` equals `order`.
+
+    order : int array of shape (n,), a permutation of 0..n-1.
     """
     order = np.asarray(order)
     if order.ndim != 1 or order.size == 0:
@@ -197,12 +205,13 @@ def balanced_tree(order) -> PartitionTree:
 
 
 def random_tree(n: int, rng: np.random.Generator) -> PartitionTree:
-    """Balanced binary tree over a random order: the null model of organization."""
+    """Balanced binary tree over a random order of n items (`rng.permutation(n)`): the null
+    model of organization."""
     return balanced_tree(rng.permutation(n))
 
 
 def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
-    """SPEC 1.1 steps 1-2: the bi-stochastic-like normalisation and its top singular triplets.
+    """docs/method.md §2.2 steps 1-2: the bi-stochastic-like normalisation and its top singular triplets.
 
     Returns (phi, s) with phi[:, k] = u_k / phi_0 (signs fixed so row 0 is positive) and s
     descending. phi_0 is the top vector of a connected graph, sqrt of the row sums of P1;
@@ -242,7 +251,7 @@ def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
 
 
 def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
-    """SPEC 1.1 step 4: group the current nodes at one level; returns a group id per node."""
+    """docs/method.md §2.3: group the current nodes at one level; returns a group id per node."""
     m = dist.shape[0]
     dist = dist.copy()
     np.fill_diagonal(dist, 999.0)
@@ -278,12 +287,14 @@ def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
 
 
 def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int = 0) -> PartitionTree:
-    """Bottom-up flexible tree from a symmetric nonnegative affinity (SPEC 1.1).
+    """Bottom-up flexible tree from a symmetric nonnegative affinity (docs/method.md §2.2-§2.4).
 
     Levels are built by greedy merges in diffusion embeddings at dyadic times; siblings
     are ordered by the mean of the first nontrivial diffusion coordinate over their
     leaves, which makes the leaf order smooth. The construction is deterministic (no
     randomness is used; `seed` is accepted for API stability).
+
+    affinity : float array of shape (n, n), symmetric and nonnegative.
     """
     a = check_affinity(affinity, "affinity")
     if constant <= 0:

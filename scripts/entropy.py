@@ -1,4 +1,4 @@
-"""Snakemake entry: entropies and sparsity of every head and network of one model (SPEC 4)."""
+"""Snakemake entry: entropies and sparsity of every head and network of one model (docs/method.md §6)."""
 from oattn_lib.runtime import setup_logging
 from oattn_lib.stages.entropy import entropy
 

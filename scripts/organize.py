@@ -1,4 +1,4 @@
-"""Snakemake entry: the 3-D questionnaire on one sample, or on each of a model's samples (SPEC 3.2)."""
+"""Snakemake entry: the 3-D questionnaire on one sample, or on each of a model's samples (docs/method.md §5.2)."""
 from oattn_lib.runtime import setup_logging
 from oattn_lib.stages.organize import organize_samples
 

@@ -1,4 +1,4 @@
-"""Snakemake entry: paraproduct residual of every head of a softmax run (SPEC 5)."""
+"""Snakemake entry: paraproduct residual of every head of a softmax run (docs/method.md §7)."""
 from oattn_lib.runtime import setup_logging
 from oattn_lib.stages.softmax_free_paraproduct import paraproduct_residuals
 

@@ -1,4 +1,4 @@
-"""Decoders (SPEC 7): causal and sliding-window masks, grouped-query heads, logit soft-capping,
+"""Decoders (docs/method.md §9.4, §9.5): causal and sliding-window masks, grouped-query heads, logit soft-capping,
 streamed stores, stored dtype and layer/head selection, GGUF models and prepare_model.
 
 Tiny randomly initialised decoders of several architectures are built from transformers'

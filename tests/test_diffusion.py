@@ -1,4 +1,4 @@
-"""Diffusion map of heads (SPEC 6)."""
+"""Diffusion map of heads (docs/method.md §8)."""
 import numpy as np
 import pytest
 import torch

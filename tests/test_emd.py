@@ -1,4 +1,4 @@
-"""Tree EMD (SPEC 3.1): metric properties, the reference definition, the affinity."""
+"""Tree EMD (docs/method.md §4): metric properties, the reference definition, the affinity."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,10 +33,10 @@ def random_nested_tree(n: int, n_levels: int, rng: np.random.Generator) -> Parti
 
 
 def reference_tree_emd(X, axis, trees, alpha, beta):
-    """SPEC 3.1 literally: every (level, folder) pair of both trees, duplicates included."""
+    """docs/method.md §4.1 literally: every (level, folder) pair of both trees, duplicates included."""
     def folders(tree):
         out = []
-        for lev in range(tree.n_levels):  # root level = 1 in the SPEC
+        for lev in range(tree.n_levels):  # root level = 1 in docs/method.md §4.1
             for f in range(tree.n_folders(lev)):
                 mem = tree.labels[lev] == f
                 w = (mem.sum() / tree.n) ** beta * 2.0 ** ((1 - (lev + 1)) * alpha)
@@ -192,7 +192,7 @@ def test_tree_emd_torch_in_torch_out():
 
 
 def dense_features(X, axis, trees, alpha, beta):
-    """SPEC 3.1's product form: M_A X_s M_B^T with weighted, row-normalised memberships."""
+    """The product form of docs/method.md §4.1: M_A X_s M_B^T with weighted, row-normalised memberships."""
     def means(tree, a, b):
         mem = tree.folders[0].astype(float)
         return mem * (tree.folder_weights(a, b) / mem.sum(1))[:, None]

@@ -1,4 +1,4 @@
-"""Haar entropies, sparsity, Table 1 counts and stability (SPEC 4)."""
+"""Haar entropies, sparsity, Table 1 counts and stability (docs/method.md §6)."""
 import numpy as np
 import pytest
 

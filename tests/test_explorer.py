@@ -1,4 +1,4 @@
-"""The explorer (issue 13): the level of detail's properties, and each model's page built from the
+"""The explorer: the level of detail's properties, and each model's page built from the
 tiny workflow's real stores, driven in a real browser (Debian's chromium through playwright).
 
 Every browser test reads back what the page plots (plotly's own `data` of each graph) and

@@ -1,4 +1,4 @@
-"""Haar bases on trees and the bi-/tri-Haar transforms (SPEC 2)."""
+"""Haar bases on trees and the bi-/tri-Haar transforms (docs/method.md §3)."""
 import numpy as np
 import pytest
 import torch
@@ -130,7 +130,7 @@ def test_basis_written_out_by_hand():
         [1, 0, -1, 0, 0, 0] / r2,
         [0, 0, 0, 0, 1, -1] / r2,
     ]).T
-    # two children of equal size leave their order, hence the sign, open (SPEC 2)
+    # two children of equal size leave their order, hence the sign, open (docs/method.md §3.2)
     tied = [4, 5]
     for j in range(6):
         got = b[:, j] * (np.sign(b[:, j] @ want[:, j]) if j in tied else 1.0)

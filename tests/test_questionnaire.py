@@ -1,4 +1,4 @@
-"""The 3-D and 2-D questionnaire (SPEC 3.2, 3.3) on planted structure."""
+"""The 3-D and 2-D questionnaire (docs/method.md §5.2, §5.3) on planted structure."""
 import numpy as np
 import pytest
 import torch
@@ -65,7 +65,7 @@ def _l1_random(x):
 
 
 def _cosine_trees(x):
-    """The initial trees of SPEC 3.2 step 1, and a head tree built the same way."""
+    """The initial trees of docs/method.md §5.1, and a head tree built the same way."""
     nq, nk, nh = x.shape
     t = torch.from_numpy(x)
     return (flexible_tree(cosine_affinity(t.reshape(nq, -1))),
@@ -105,7 +105,7 @@ def test_organized_order_is_smooth(planted):
 
 @pytest.mark.parametrize("head_uses_initial_trees", [False, True])
 def test_steps_run_in_spec_order_on_the_newest_trees(monkeypatch, head_uses_initial_trees):
-    # SPEC 3.2 step 2: per iteration, head EMD over (T_Q x T_K), query EMD over
+    # docs/method.md §5.2: per iteration, head EMD over (T_Q x T_K), query EMD over
     # (T_K x T_H), key EMD over (T_Q x T_H), each on the newest trees; the authors'
     # switch makes only the head step use the initial query and key trees
     calls, built = [], []

@@ -1,4 +1,4 @@
-"""Table 1's note on the head tree against the architecture (issue 12), from organized stores
+"""Table 1's note on the head tree against the architecture (docs/method.md §6.4), from organized stores
 written here: a grouped-query network of 3 layers x 4 heads with 2 key/value heads per layer."""
 from __future__ import annotations
 

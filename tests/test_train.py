@@ -1,4 +1,4 @@
-"""Training loops: they learn, they are deterministic under the seed (SPEC 7)."""
+"""Training loops: they learn, they are deterministic under the seed (docs/method.md §9)."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Partition trees (SPEC 1): structure, flexible tree, balanced tree, xarray round trip."""
+"""Partition trees (docs/method.md §2): structure, flexible tree, balanced tree, xarray round trip."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -105,7 +105,7 @@ def test_flexible_tree_degenerate_inputs_terminate():
     assert flexible_tree(np.ones((2, 2))).n_levels == 2
 
 
-# -- the greedy merge of one level (SPEC 1.1 step 4) on hand-built distance matrices ------
+# -- the greedy merge of one level (docs/method.md §2.3) on hand-built distance matrices ------
 def merged(dist, constant=1.0):
     """The groups _greedy_merge forms, as a set of frozensets of node indices."""
     group = _greedy_merge(np.asarray(dist, dtype=float), constant)
@@ -121,7 +121,7 @@ def line(positions):
 @given(st.integers(1, 40), st.integers(0, 2**31 - 1))
 @settings(max_examples=30, deadline=None)
 def test_node_distances_are_means_over_leaves(n, seed):
-    """Segment sums give the membership product M D M^T of SPEC 1.1 step 3."""
+    """Segment sums give the membership product M D M^T of docs/method.md §2.2 step 3."""
     rng = np.random.default_rng(seed)
     d = rng.random((n, n))
     d = d + d.T
@@ -200,7 +200,7 @@ def test_greedy_merge_next_nearest_only_if_comparably_near():
 
 @pytest.mark.parametrize("kind", ["curve", "cloud"])
 def test_flexible_tree_size_at_256(kind):
-    # SPEC 1.1: n = 256 gives about 10 levels and about 2n folders. A tree of pairs has
+    # docs/method.md §2.2: n = 256 gives about 10 levels and about 2n folders. A tree of pairs has
     # log2(256) + 1 = 9 levels and 2n - 1 folders, one of triples log3(256) + 1 = 6 and
     # 1.5n; the flexible tree merges pairs and triples (a singleton joins a group of s
     # nodes only within med * 2^(1 - s)) and carries isolated nodes up unchanged (a
@@ -273,7 +273,7 @@ def test_xarray_round_trip():
     assert PartitionTree.from_dataarray(da) == t
 
 
-# -- the head tree against the architecture (issue 12) ------------------------------------------
+# -- the head tree against the architecture (docs/method.md §2.5) ------------------------------------------
 def test_level_agreement_scores_each_level_against_a_labelling():
     from oattn_lib.trees import level_agreement
     layer = np.repeat(np.arange(3), 4)  # 3 layers x 4 heads

@@ -1,4 +1,4 @@
-"""Datasets of the paper and small stand-ins that need no download (SPEC 7).
+"""Datasets of the paper and small stand-ins that need no download (docs/method.md §9).
 
 - `text`: WikiText-103 (`load_wikitext`) and the English text shipped with Python
   (`stdlib_corpus`), word tokenisation, `Vocab`, document-level splits.

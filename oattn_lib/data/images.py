@@ -1,4 +1,4 @@
-"""Image data for the ViT experiments (SPEC 7).
+"""Image data for the ViT experiments (docs/method.md §9.3).
 
 - CIFAR-10 (the paper's data) read from the released python pickles, `load_cifar10`,
   and resized and normalised for a ViT-B/16 with `cifar10_for_vit`.

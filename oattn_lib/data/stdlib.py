@@ -1,4 +1,4 @@
-"""Real English text that ships with Python itself (SPEC 7's stand-in for WikiText-103).
+"""Real English text that ships with Python itself (the stand-in for WikiText-103 of docs/method.md §9.2).
 
 The documentation topics of `pydoc_data.topics` and the docstrings of the standard
 library's own sources, read with `ast` (never imported); no download, so small models can

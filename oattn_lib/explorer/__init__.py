@@ -4,7 +4,8 @@
 `build.model_payload` reads a model's stores and computes what they do not hold (each head's
 own 2-D organization and paraproduct residual, for a bounded set of heads); `encode` plans the
 resolution that fits the page's budget (level of detail: heads averaged over tree folders,
-`lod`); `page` writes the HTML around plotly.js and the page's script (`app_js`).
+`lod`); `page` writes the HTML around plotly.js and the page's own script and style sheet (the package
+data `app.js` and `page.css`).
 """
 from .build import model_payload
 from .page import read_meta, render_index, render_page, resolution_note

@@ -1,6 +1,6 @@
 """Level of detail for the explorer: heads averaged over tree folders, quantised, packed.
 
-A partition tree (SPEC 1) whose leaves are laid out in its depth-first order cuts that
+A partition tree (docs/method.md §2) whose leaves are laid out in its depth-first order cuts that
 line into contiguous segments at every level, nested from the root down. So, in that
 order, the whole tree is one integer per gap between neighbours: the `boundary_depth`,
 the coarsest level at which the two neighbours lie in different folders. The folders of
@@ -72,7 +72,7 @@ def tree_cut(depth: np.ndarray, max_folders: int) -> np.ndarray:
 
 
 def uniform_cut(n: int, max_folders: int) -> np.ndarray:
-    """Edges of a cut of the balanced binary tree (SPEC 1.2) of positions 0 ... n - 1: contiguous
+    """Edges of a cut of the balanced binary tree (docs/method.md §2.5) of positions 0 ... n - 1: contiguous
     runs of neighbouring tokens, the level of detail of a head in its own token order."""
     if n <= max_folders:
         return np.arange(n + 1)

@@ -1,4 +1,4 @@
-"""Head gates: scale each attention head's output, from outside the model (issue 6).
+"""Head gates: scale each attention head's output, from outside the model (head ablation, docs/method.md §11.1).
 
 A gate per (example, layer, head) scales that head's output before the layer's output
 projection, so a gate of 0 removes the head's contribution and nothing else, a gate of 1

@@ -1,4 +1,4 @@
-"""Attention scores and probabilities from Hugging Face transformers (SPEC section 7).
+"""Attention scores and probabilities from Hugging Face transformers (docs/method.md §9.4).
 
 For every layer and head we keep both the pre-softmax scores, (q k^T) * scaling before
 any mask, and the post-softmax probabilities, softmax(scores + mask), as the model
@@ -23,7 +23,7 @@ eager attention; for them `hf_attention` returns the probabilities from
 `output_attentions` and `scores=None` (the scores cannot be recovered from the
 probabilities, since softmax forgets a per-row constant).
 
-Decoders (causal LMs; SPEC 7). `probs` are the model's masked softmax: entries above the
+Decoders (causal LMs; docs/method.md §9.4, §9.5). `probs` are the model's masked softmax: entries above the
 diagonal, or outside a sliding window (Mistral, the local layers of Gemma 2), are exactly
 0, as are padded keys. `scores` are (q k^T) * scaling, soft-capped where the model caps
 its logits (Gemma 2: softcap * tanh(s / softcap)), *before* the mask: they are defined at
@@ -35,7 +35,7 @@ rather than the dtype's minimum; None when the model passes no mask); the extrac
 stores it as the variable `allowed` (layer, query, key), so analysis never has to guess
 the mask from zeros of the probabilities. Analyses that treat a head as a full matrix
 (the organization, the Haar expansions) see the pre-mask scores there; those that compare
-with the model's softmax (Theorem 1, SPEC 5) restrict it to `allowed`. A query row with
+with the model's softmax (Theorem 1, docs/method.md §7.5) restrict it to `allowed`. A query row with
 no allowed key at all (a padded query whose window holds only padding) is what the
 model computes, a uniform row, and means nothing.
 
@@ -326,7 +326,7 @@ def _inputs(enc, tokenizer) -> dict:
 
 
 def hf_attention(model, tokenizer, texts: list[str], max_length: int = 128) -> dict:
-    """Scores and probabilities of every layer and head for a batch of texts (SPEC section 7).
+    """Scores and probabilities of every layer and head for a batch of texts (docs/method.md §9.4).
 
     Texts are tokenized together, truncated to `max_length` tokens and padded to the
     longest; padded keys are masked (probability exactly 0).  Rows of padded queries are

@@ -1,4 +1,4 @@
-"""Transformer-XL language model with attention capture (SPEC 7).
+"""Transformer-XL language model with attention capture (docs/method.md §9.2).
 
 Written from the equations of Dai et al. 2019, "Transformer-XL: Attentive Language Models
 Beyond a Fixed-Length Context" (arXiv 1901.02860), section 3:
@@ -321,7 +321,7 @@ class DecoderLayer(nn.Module):
 
 
 class TransformerXL(nn.Module):
-    """Transformer-XL language model (Dai et al. 2019) with attention capture (SPEC 7).
+    """Transformer-XL language model (Dai et al. 2019) with attention capture (docs/method.md §9.2).
 
     `seed`, when given, makes the parameter initialisation reproducible without touching
     the global random state.

@@ -1,4 +1,4 @@
-"""Attention capture for torchvision's VisionTransformer (SPEC 7).
+"""Attention capture for torchvision's VisionTransformer (docs/method.md §9.3).
 
 torchvision's `EncoderBlock` calls `nn.MultiheadAttention(..., need_weights=False)`, so the
 attention matrices never leave the module. `vit_attention` hooks the output of each

@@ -1,4 +1,4 @@
-"""Figure 3: the network's heads as organized by the 3-D questionnaire (SPEC 3, 6)."""
+"""Figure 3: the network's heads as organized by the 3-D questionnaire (docs/method.md §5, §8)."""
 from __future__ import annotations
 
 import re
@@ -74,7 +74,7 @@ def _spread_points(z: np.ndarray, k: int) -> np.ndarray:
 
 @styled
 def fig3_head_geometry(coords, affinity, tree_labels, unit_labels, order, title: str = "") -> Figure:
-    """Paper Figure 3: the network's heads as organized by the 3-D questionnaire (SPEC 3, 6).
+    """Paper Figure 3: the network's heads as organized by the 3-D questionnaire (docs/method.md §5, §8).
 
     Panels: (a) diffusion map psi_1..psi_3 of the head affinity (`coords`, (H, 3); fewer
     columns are padded with 0), coloured by layer, with the most outlying heads named;

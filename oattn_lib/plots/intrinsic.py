@@ -1,4 +1,4 @@
-"""Figures of one head (SPEC 3.3, 5): its 2-D organization (Figure 1), the paraproduct
+"""Figures of one head (docs/method.md §5.3, §7): its 2-D organization (Figure 1), the paraproduct
 decomposition of its softmax (Figure 2), and where that decomposition holds (the relative
 residual against logit temperature)."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _fmt(x: float) -> str:
 @styled
 def fig1_organized_head(original, organized, title: str = "", *,
                         value_label: str = "attention", robust: bool = False) -> Figure:
-    """Paper Figure 1: one attention head before and after its 2-D organization (SPEC 3.3).
+    """Paper Figure 1: one attention head before and after its 2-D organization (docs/method.md §5.3).
 
     `original` and `organized` are (N queries, M keys); the organized head is the original
     with rows and columns permuted by the 2-D questionnaire's leaf orders. Both panels use
@@ -58,7 +58,7 @@ def fig1_organized_head(original, organized, title: str = "", *,
 def fig2_paraproduct(exact, approximation, residual, rel_residual: float,
                      rel_residual_unorganized: float, title: str = "", *,
                      robust: bool = False) -> Figure:
-    """Paper Figure 2: paraproduct decomposition of the softmax of an organized head (SPEC 5).
+    """Paper Figure 2: paraproduct decomposition of the softmax of an organized head (docs/method.md §7).
 
     Panels: the exact A(f) of the organized head, its paraproduct approximation (one
     shared colour scale), and the residual A(f) - approximation on a diverging scale
@@ -93,7 +93,7 @@ def fig2_paraproduct(exact, approximation, residual, rel_residual: float,
 @styled
 def fig_temperature(taus, curves: dict, head_names, title: str = "", *, marks=None,
                     model_tau: float = 1.0) -> Figure:
-    """The paraproduct's relative residual against logit temperature, one panel per head (SPEC 5).
+    """The paraproduct's relative residual against logit temperature, one panel per head (docs/method.md §7.6).
 
     `taus` (T,) increasing; `curves` maps an order's name (e.g. "2-D organized",
     "original", "random") to residuals (n_heads, n_curves, T), NaN where not finite. Each

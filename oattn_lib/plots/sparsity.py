@@ -1,4 +1,4 @@
-"""Figures of sparsity in the Haar bases (SPEC 2, 4): bi-Haar coefficients of heads (Figure 4),
+"""Figures of sparsity in the Haar bases (docs/method.md §3, §6): bi-Haar coefficients of heads (Figure 4),
 per-head l1 entropy (Figure 5) and the network's top tri-Haar coefficients (Figure 6)."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _support_axis(ax, support: np.ndarray) -> None:
 @styled
 def fig4_bihaar(coeffs, supports, head_names, haar_vectors, title: str = "", *,
                 n_vectors: int | None = None) -> Figure:
-    """Paper Figure 4: bi-Haar expansion coefficients of heads and head-tree Haar vectors (SPEC 2).
+    """Paper Figure 4: bi-Haar expansion coefficients of heads and head-tree Haar vectors (docs/method.md §3).
 
     `coeffs[i]` are the bi-Haar coefficients of head `head_names[i]` (paper: two heads,
     the 400 of largest support), already sorted by support descending, with `supports[i]`
@@ -125,7 +125,7 @@ def fig4_bihaar(coeffs, supports, head_names, haar_vectors, title: str = "", *,
 def fig5_entropy_heatmaps(entropies, sample_names, title: str = "", *,
                           value_label: str = "per-head ℓ1 entropy", annotate: bool | None = None,
                           layers=None, heads=None) -> Figure:
-    """Paper Figure 5: per-head l1 entropy (SPEC 4) as layer x head heatmaps, one per sample.
+    """Paper Figure 5: per-head l1 entropy (docs/method.md §6.2) as layer x head heatmaps, one per sample.
 
     `entropies` is (n_samples, n_layers, n_heads) (paper: 3 batches). All panels share
     one colour scale so batches compare directly; values are written in the cells when
@@ -185,7 +185,7 @@ def fig6_top_trihaar(values, sample_names, title: str = "", *,
 
     `values` is (n_samples, k) (paper: 5 batches, k = 100): coefficients (signed, or their
     magnitudes) of the k tri-Haar basis functions of largest support, sorted by support.
-    The legend gives each sample's network l1 entropy, sum |values| (SPEC 4, Table 2).
+    The legend gives each sample's network l1 entropy, sum |values| (docs/method.md §6.2, Table 2).
     """
     v = as_array(values, "values", (1, 2))
     if v.ndim == 1:

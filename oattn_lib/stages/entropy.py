@@ -1,4 +1,4 @@
-"""Stage `entropy`: per-head and per-network l1 entropies and sparsity of every sample (SPEC 4).
+"""Stage `entropy`: per-head and per-network l1 entropies and sparsity of every sample (docs/method.md §6).
 
 It only reads and sums stored coefficients, in numpy: the job starts without torch's import."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["entropy"]
 
 def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
             config_slice: dict | None = None, code: str | None = None) -> None:
-    """Per-head and per-network l1 entropies and sparsity for every sample (SPEC 4)."""
+    """Per-head and per-network l1 entropies and sparsity for every sample (docs/method.md §6)."""
     rows = {k: [] for k in ("head_entropy", "head_sparsity", "network_entropy", "network_sparsity",
                             "network_l1", "network_l1_random", "network_sparsity_random")}
     first = None

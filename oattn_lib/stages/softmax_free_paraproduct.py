@@ -1,5 +1,5 @@
 """Stage `softmax_free_paraproduct`: the paraproduct residual of every head of a softmax run of
-the softmax-free experiment (`oattn_lib.softmax_free`; SPEC 5)."""
+the softmax-free experiment (`oattn_lib.softmax_free`; docs/method.md §7, §10.5)."""
 from __future__ import annotations
 
 import logging
@@ -18,8 +18,8 @@ __all__ = ["paraproduct_residuals"]
 
 def paraproduct_residuals(attention_stores: list, out, questionnaire2d_iters: int,
                           config_slice: dict | None = None, code: str | None = None) -> None:
-    """Relative residual of the paraproduct approximation (SPEC 5) of every head of every
-    given sample, on its pre-softmax scores: organized by the 2-D questionnaire (SPEC 3.3;
+    """Relative residual of the paraproduct approximation (docs/method.md §7) of every head of every
+    given sample, on its pre-softmax scores: organized by the 2-D questionnaire (docs/method.md §5.3;
     rel_residual) and unorganized (rel_residual_unorganized), dims (sample, layer, head).
     A causal head (TXL) is compared with the model's own masked softmax (`common.model_mask`),
     never a softmax over future positions."""
@@ -34,7 +34,7 @@ def paraproduct_residuals(attention_stores: list, out, questionnaire2d_iters: in
             for j, head in enumerate(heads):
                 f = np.ascontiguousarray(scores.sel(layer=layer, head=head).values, dtype=np.float64)
                 tr, tc = questionnaire2d(f.astype(np.float32), n_iters=questionnaire2d_iters)
-                # a causal head is compared with the model's own masked softmax (SPEC 5)
+                # a causal head is compared with the model's own masked softmax (docs/method.md §7.5)
                 allowed = model_mask(ds, layer, head, f, None)
                 r[i, j, 0] = paraproduct(f, row_order=tr.order, col_order=tc.order,
                                          allowed=allowed).relative_residual

@@ -1,5 +1,5 @@
 # bi-/tri-Haar expansions, random-tree baselines, the figure heads' 2-D organization and
-# paraproduct, and the diffusion map of heads (SPEC 2, 3.3, 5, 6).
+# paraproduct, and the diffusion map of heads (docs/method.md §3, §5.3, §7, §8).
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
 # One job per sample, or one job for all samples of a small model (decompose_<k>_samples;
 # jobs.batch_max_entries, common.smk).

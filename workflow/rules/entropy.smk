@@ -1,4 +1,4 @@
-# Haar entropies and sparsity of every head and network, all samples of a model (SPEC 4).
+# Haar entropies and sparsity of every head and network, all samples of a model (docs/method.md §6).
 # entropy: every analysed model, the softmax-free runs included (ANALYSED_MODEL, common.smk);
 # tables: the config's models only.
 

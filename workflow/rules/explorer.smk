@@ -1,4 +1,4 @@
-# The interactive explorer (issue 13): one self-contained HTML page per model (plotly.js inline,
+# The interactive explorer: one self-contained HTML page per model (plotly.js inline,
 # opens from disk with no network) and an index page linking them. Reads every stage's outputs;
 # computes the 2-D organization and paraproduct residual of explorer.heads_2d heads per sample.
 

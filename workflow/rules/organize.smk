@@ -1,4 +1,4 @@
-# The 3-D questionnaire per sample: query, key and head trees and affinities (SPEC 3.2).
+# The 3-D questionnaire per sample: query, key and head trees and affinities (docs/method.md §5.2).
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
 # One job per sample, or, for a model small enough (jobs.batch_max_entries, common.smk), one
 # job for all of its samples (rules organize_<k>_samples, one per sample count k): the same

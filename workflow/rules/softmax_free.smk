@@ -1,4 +1,4 @@
-# Softmax vs Tensor Attention (issue 7; oattn_lib/softmax_free.py): every selected txl/vit
+# Softmax vs Tensor Attention (docs/method.md §10.5; oattn_lib/softmax_free.py): every selected txl/vit
 # model trained with softmax and with each tensor-attention variant, several seeds, the same
 # steps. Each run is a model of the graph (SF_MODELS, common.smk) named and stored as
 # softmax_free/<model>/<attention>/seed<k>: trained here, then extracted, organized,
