@@ -14,6 +14,16 @@ module that imports with `importlib` or declares lazy exports (a lazy package li
 `oattn_lib.data`, through `oattn_lib._lazy.lazy_exports`) pulls in
 every module of its package, since the static graph cannot see which it loads.
 
+Files of another language that a module or script reads (the explorer's `app.js` and
+`page.css`) count as its code: it declares them, file names relative to its own directory,
+in a module-level `__assets__ = ("app.js", ...)` of string literals, and the fingerprint of
+every stage that runs the module hashes their bytes. Raw bytes, comments included: the
+explorer embeds its assets verbatim in every page, so a comment there is part of the output
+(a Python comment never is).
+
+`code_version` makes a rule's `code` param of a fingerprint, the one place that reads
+Snakemake's internals (`snakemake_internals_problems` lists what it relies on).
+
 Every Snakemake invocation fingerprints each rule's script (about 20 of them, sharing most
 modules), so a module's parse, digest and imports are computed once per process for its
 text (an edited file is new text): a dry run spent 4 of its 5 s re-parsing the same modules.
@@ -21,12 +31,16 @@ text (an edited file is new text): a dry run spent 4 of its 5 s re-parsing the s
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
+import inspect
 import os
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["library_root", "module_closure", "code_fingerprint", "modules_fingerprint"]
+__all__ = ["library_root", "module_closure", "declared_assets", "code_fingerprint", "modules_fingerprint",
+           "code_version", "snakemake_internals_problems", "SnakemakeInternalsError"]
 
 PACKAGE = "oattn_lib"
 
@@ -147,14 +161,62 @@ def _digest_of_text(text: str) -> str:
     return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
 
 
+def declared_assets(path: str | os.PathLike) -> list[Path]:
+    """The files the module or script `path` declares in its module-level `__assets__` (names
+    relative to its directory), in the declared order; [] where it declares none."""
+    path = Path(path)
+    return [path.parent / name for name in _assets_of_text(path.read_text(encoding="utf-8"), str(path))]
+
+
+@lru_cache(maxsize=4096)
+def _assets_of_text(text: str, filename: str) -> tuple[str, ...]:
+    if "__assets__" not in text:  # most modules: no second parse
+        return ()
+    for node in _parse_text(text, filename).body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "__assets__" for t in targets):
+            try:
+                names = ast.literal_eval(node.value)
+            except ValueError:
+                names = None
+            if not (isinstance(names, (tuple, list)) and all(isinstance(n, str) for n in names)) \
+                    or any(os.path.isabs(n) for n in names):
+                raise ValueError(f"{filename}, line {node.lineno}: __assets__ must be a tuple of string literals, "
+                                 "file names relative to the module's directory")
+            return tuple(names)
+    return ()
+
+
+def _assets_digest(label: str, path: Path) -> str:
+    """Lines naming each asset `path` declares and the SHA-256 of its bytes; "" for none."""
+    out = []
+    for name in _assets_of_text(path.read_text(encoding="utf-8"), str(path)):
+        asset = path.parent / name
+        try:
+            data = asset.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: declares the asset {name!r} in __assets__, but {asset} does not "
+                                    "exist") from None
+        out.append(f"\n{label}/{name}:{hashlib.sha256(data).hexdigest()}")
+    return "".join(out)
+
+
 def code_fingerprint(script: str | os.PathLike, root: str | os.PathLike | None = None) -> str:
     """SHA-256 (hex, first 16 characters) of `script`'s code and of every library module it
-    runs (`module_closure`), docstrings, comments and layout excluded."""
+    runs (`module_closure`), docstrings, comments and layout excluded, and of the bytes of the
+    assets these declare (`declared_assets`)."""
     root = Path(root) if root is not None else library_root()
     h = hashlib.sha256(_code_digest(Path(script)).encode())
+    h.update(_assets_digest("script", Path(script)).encode())
     for mod in module_closure(script, root):
-        h.update(f"\n{mod}:{_code_digest(_module_file(root, mod))}".encode())
+        h.update(_module_digest(root, mod).encode())
     return h.hexdigest()[:16]
+
+
+def _module_digest(root: Path, mod: str) -> str:
+    path = _module_file(root, mod)
+    return f"\n{mod}:{_code_digest(path)}" + _assets_digest(mod, path)
 
 
 def modules_fingerprint(modules, root: str | os.PathLike | None = None) -> str:
@@ -163,5 +225,158 @@ def modules_fingerprint(modules, root: str | os.PathLike | None = None) -> str:
     root = Path(root) if root is not None else library_root()
     h = hashlib.sha256()
     for mod in _closure(root, modules):
-        h.update(f"\n{mod}:{_code_digest(_module_file(root, mod))}".encode())
+        h.update(_module_digest(root, mod).encode())
     return h.hexdigest()[:16]
+
+
+# -- the rules' `code` param -----------------------------------------------------------------
+class SnakemakeInternalsError(RuntimeError):
+    """The installed Snakemake lacks, or has changed, an internal that `code_version` reads."""
+
+
+def _snakemake_version() -> str:
+    try:
+        from snakemake import __version__
+        return __version__
+    except ImportError:
+        return "(unknown version)"
+
+
+def _signature(func) -> list[str] | None:
+    try:
+        return list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def snakemake_internals_problems() -> list[str]:
+    """What `code_version` reads of the installed Snakemake and finds missing or changed, one
+    sentence each; [] when everything is as it expects (Snakemake 9):
+
+    - `snakemake.settings.types.RerunTrigger.CODE`, and `DAGSettings().rerun_triggers`: a set of
+      `RerunTrigger`, holding CODE by default (a user turns the code trigger off with
+      `--rerun-triggers mtime params input`);
+    - `Workflow.dag_settings`: a dataclass field, None until the DAG is built, then the run's
+      `DAGSettings`;
+    - `Workflow.get_rule(name)`, `Rule.output` (a property) and `_IOFile.apply_wildcards(wildcards)`:
+      the path of a job's first output;
+    - `Workflow.persistence` (a property) and `Persistence.params(path)`: the params recorded with an
+      output, a list holding each param's value as its `repr` (`Persistence._serialize_param`).
+    """
+    try:
+        import snakemake.api  # noqa: F401  first: importing snakemake.workflow first is circular
+        from snakemake.io import _IOFile
+        from snakemake.persistence import Persistence
+        from snakemake.rules import Rule
+        from snakemake.settings.types import DAGSettings, RerunTrigger
+        from snakemake.workflow import Workflow
+    except ImportError as exc:
+        return [f"a module or name moved ({exc})"]
+    problems = []
+    if not isinstance(getattr(RerunTrigger, "CODE", None), RerunTrigger):
+        problems.append("RerunTrigger has no member CODE")
+    try:
+        triggers = DAGSettings().rerun_triggers
+    except Exception as exc:  # a new required setting or a renamed field
+        problems.append(f"DAGSettings().rerun_triggers fails ({type(exc).__name__}: {exc})")
+    else:
+        if not (isinstance(triggers, AbstractSet) and triggers and all(isinstance(t, RerunTrigger) for t in triggers)):
+            problems.append(f"DAGSettings().rerun_triggers is {triggers!r}, not a set of RerunTrigger")
+        elif getattr(RerunTrigger, "CODE", None) not in triggers:
+            problems.append(f"the default DAGSettings().rerun_triggers {sorted(t.name for t in triggers)} lack CODE")
+    fields = {f.name: f for f in dataclasses.fields(Workflow)} if dataclasses.is_dataclass(Workflow) else {}
+    if "dag_settings" not in fields:
+        problems.append("Workflow has no dataclass field dag_settings")
+    elif fields["dag_settings"].default is not None:
+        problems.append(f"Workflow.dag_settings defaults to {fields['dag_settings'].default!r}, not None")
+    if _signature(getattr(Workflow, "get_rule", None)) != ["self", "name"]:
+        problems.append("Workflow.get_rule(name) is missing or takes other arguments")
+    if not isinstance(inspect.getattr_static(Workflow, "persistence", None), property):
+        problems.append("Workflow.persistence is not a property")
+    if not isinstance(inspect.getattr_static(Rule, "output", None), property):
+        problems.append("Rule.output is not a property")
+    if _signature(getattr(_IOFile, "apply_wildcards", None)) != ["self", "wildcards"]:
+        problems.append("_IOFile.apply_wildcards(wildcards) is missing or takes other arguments")
+    if _signature(getattr(Persistence, "params", None)) != ["self", "path"]:
+        problems.append("Persistence.params(path) is missing or takes other arguments")
+    try:  # a method that does not use self, so it runs without a Persistence (which makes directories)
+        recorded = Persistence._serialize_param_builtin(None, "stage:0123")
+    except Exception as exc:
+        problems.append(f"Persistence._serialize_param_builtin fails ({type(exc).__name__}: {exc})")
+    else:
+        if recorded != repr("stage:0123"):
+            problems.append(f"Persistence records the param 'stage:0123' as {recorded!r}, not as its repr")
+    return problems
+
+
+def code_version(workflow, rule_name: str, name: str, *, script: str | os.PathLike | None = None,
+                 modules=None, root: str | os.PathLike | None = None):
+    """The `code` param of the rule `rule_name`: a function of a job's wildcards giving
+    "<name>:<fingerprint>", so that Snakemake's params trigger reruns exactly the jobs whose code
+    changed (an edit of oattn_lib/questionnaire.py reruns organize and what follows, never
+    training). The fingerprint is `code_fingerprint(script, root)`, or
+    `modules_fingerprint(modules, root)` for a rule that runs library modules without a script,
+    computed once, here, when the Snakefile is parsed.
+
+    With Snakemake's code trigger off (`--rerun-triggers mtime params input`), a job's param is
+    the value recorded with its first output, so a code edit reruns nothing.
+
+    `workflow` is the Snakefile's `workflow`. What this reads of it and of Snakemake is listed by
+    `snakemake_internals_problems`; where that is missing or changed, this raises
+    SnakemakeInternalsError, here or when the DAG is built, never returning a wrong fingerprint.
+    """
+    if (script is None) == (modules is None):
+        raise ValueError(f"code_version({rule_name!r}): give exactly one of script and modules")
+    problems = snakemake_internals_problems()
+    if problems:
+        raise SnakemakeInternalsError(
+            f"code_version({rule_name!r}) relies on Snakemake internals that Snakemake {_snakemake_version()} "
+            f"changed: {'; '.join(problems)}. Adapt oattn_lib.fingerprint.code_version to this Snakemake.")
+    from snakemake.settings.types import RerunTrigger
+
+    fp = code_fingerprint(script, root) if modules is None else modules_fingerprint(modules, root)
+    value = f"{name}:{fp}"
+    prefix = repr(f"{name}:")[:-1]  # the start of the value's repr, as Snakemake records it
+
+    def changed(what: str) -> SnakemakeInternalsError:
+        return SnakemakeInternalsError(f"code_version({rule_name!r}): Snakemake {_snakemake_version()}'s {what}; "
+                                       "adapt oattn_lib.fingerprint.code_version to this Snakemake")
+
+    def get(obj, attr: str, where: str):
+        try:
+            return getattr(obj, attr)
+        except AttributeError:
+            raise changed(f"{where}.{attr} is missing") from None
+
+    def version(wildcards) -> str:
+        # the rerun triggers are known once the DAG is built, not while rules are parsed
+        settings = get(workflow, "dag_settings", "workflow")
+        if settings is None:
+            return value
+        triggers = get(settings, "rerun_triggers", "workflow.dag_settings")
+        if not (isinstance(triggers, AbstractSet) and all(isinstance(t, RerunTrigger) for t in triggers)):
+            raise changed(f"workflow.dag_settings.rerun_triggers is {triggers!r}, not a set of RerunTrigger")
+        if RerunTrigger.CODE in triggers:
+            return value
+        output = get(get(workflow, "get_rule", "workflow")(rule_name), "output", f"workflow.get_rule({rule_name!r})")
+        path = output[0].apply_wildcards(wildcards)
+        persistence = get(workflow, "persistence", "workflow")
+        if persistence is None:
+            raise changed("workflow.persistence is None while the DAG is built")
+        recorded = get(persistence, "params", "workflow.persistence")(path)
+        if recorded is None:  # nothing recorded: the job runs anyway
+            return value
+        if not (isinstance(recorded, list) and all(isinstance(v, str) for v in recorded)):
+            raise changed(f"workflow.persistence.params({str(path)!r}) is {recorded!r}, not a list of reprs")
+        for text in recorded:
+            if text.startswith(prefix):
+                try:
+                    old = ast.literal_eval(text)
+                except (ValueError, SyntaxError):
+                    old = None
+                if not (isinstance(old, str) and old.startswith(f"{name}:")):
+                    raise changed(f"recorded param {text!r} of {str(path)!r} is not the repr of a code param")
+                return old
+        return value
+
+    return version

@@ -1,5 +1,5 @@
 """`pip install .` gives a working library: the wheel carries every file the library reads
-at run time (the config schema), so an installed `oattn_lib`, with no clone beside it,
+at run time (the config schema; the explorer page's app.js and page.css), so an installed `oattn_lib`, with no clone beside it,
 validates and completes a config.
 
 The wheel is built from a copy of the source (a build in the working tree would leave
@@ -77,6 +77,9 @@ def test_wheel_installs_a_library_that_completes_a_config(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         assert zf.read("oattn_lib/schemas/config.schema.yaml") == WORKFLOW_SCHEMA.read_bytes()
+        # the explorer page's script and style sheet, which the page builder reads at run time
+        for asset in ("oattn_lib/explorer/app.js", "oattn_lib/explorer/page.css"):
+            assert zf.read(asset) == (REPO / asset).read_bytes(), asset
         assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
 
     env = tmp_path / "env"

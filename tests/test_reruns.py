@@ -196,6 +196,18 @@ def test_editing_plots_reruns_the_figures_only(project):
     assert dry_run(project) == {}
 
 
+def test_editing_the_explorer_script_reruns_the_explorer_pages_only(project):
+    """app.js is no Python module: the page module declares it as an asset, which the fingerprint
+    hashes (a comment too: the page embeds the script verbatim)."""
+    edit = Edit(project / "oattn_lib" / "explorer" / "app.js")
+    try:
+        edit.replace('"use strict";\n', '"use strict";\n// edited\n')
+        assert dry_run(project) == {"explorer": 3, "explorer_index": 1, "all": 1}
+    finally:
+        edit.undo()
+    assert dry_run(project) == {}
+
+
 def test_comment_and_docstring_edits_rerun_nothing(project):
     edit = Edit(project / "oattn_lib" / "questionnaire.py")
     try:

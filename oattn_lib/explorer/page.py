@@ -5,27 +5,35 @@ from __future__ import annotations
 import html
 import json
 import os
-
-from .app_js import APP_JS
+from importlib import resources
 
 __all__ = ["render_page", "render_index", "resolution_note", "read_meta", "unit_name", "stored_heads_note"]
 
-CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
-header{background:#1f2a44;color:#fff;padding:10px 16px}header h1{font-size:18px;margin:0}
-header p{margin:4px 0 0;font-size:12px;color:#cfd6e6}
-.controls{display:flex;flex-wrap:wrap;gap:14px;align-items:center;padding:8px 16px;background:#eef1f6;
- position:sticky;top:0;z-index:5;border-bottom:1px solid #d5dbe6}
-.controls label{font-size:13px}.controls select{max-width:300px}
-main{padding:8px 16px}.row{display:flex;flex-wrap:wrap;gap:8px}.panel{background:#fff;border:1px solid #dde;
- border-radius:4px;padding:4px;flex:1 1 300px;min-width:280px}.panel h2{font-size:13px;margin:4px 6px}
-#info{padding:6px 4px;font-size:13px}.note{font-size:12px;color:#555;margin:4px 0}
-table{border-collapse:collapse;font-size:12px;margin:4px 0 12px;background:#fff}
-th,td{border:1px solid #ccd;padding:2px 6px;text-align:right}th{cursor:pointer;background:#eef1f6}
-th[data-dir=asc]::after{content:" ▲"}th[data-dir=desc]::after{content:" ▼"}
-tbody tr{cursor:pointer}tbody tr:hover{background:#f3f6ff}tr.sel{background:#ffe3e6!important}
-#tables h3{font-size:14px;margin:10px 0 2px}
-"""
+# The page's style sheet and script are files of their own language beside this module, shipped
+# as package data and embedded verbatim in every page (`asset`). `__assets__` declares them to the
+# code fingerprint (oattn_lib.fingerprint), which hashes them with this module: editing app.js
+# reruns the explorer's pages as editing this file does.
+#
+# app.js is the glue between the embedded data and plotly.js: it draws nothing itself, every plot
+# is a plotly trace. Its state: the sample, the selected head (unit u = position of its layer *
+# n_head + position of its head among the stored ones), the grid's metric, the diffusion map's
+# colouring and the tree level whose folder boundaries are drawn. Every label shows the model's
+# own indices (`meta.layers`, `meta.heads`: a store may hold a subset of the model's layers and
+# heads). Entries the model masks (its layer's mask, `mask_rules` in encode) are null in every
+# view's z, so plotly leaves them to the grey plot background, and their hover text says
+# "masked". Every change goes through `schedule`, which serialises renders;
+# `window.oattn.idle()` resolves once the page shows the newest state (the browser tests wait on
+# it).
+__assets__ = ("page.css", "app.js")
+
+
+def asset(name: str) -> str:
+    """The text of one of this module's `__assets__` ("page.css", "app.js"), read from the
+    installed package."""
+    if name not in __assets__:
+        raise ValueError(f"asset: {name!r} is not one of the explorer page's assets {__assets__}")
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
 
 BODY = """
 <header><h1>Organized attention explorer — {model}</h1>
@@ -41,7 +49,7 @@ BODY = """
 <main>
 <div class="row">
  <div class="panel"><h2>Heads (layer × head) — click to select; ◦ = 2-D organization computed</h2><div id="grid"></div></div>
- <div class="panel"><h2>Diffusion map of heads (ψ1, ψ2 of the head affinity, SPEC 6) — click a point</h2>
+ <div class="panel"><h2>Diffusion map of heads (ψ1, ψ2 of the head affinity, docs/method.md §8) — click a point</h2>
   <div id="dmap"></div></div>
 </div>
 <div id="info"></div>
@@ -138,9 +146,9 @@ def render_page(payload: dict, plotly_js: str | None = None) -> str:
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>oattn explorer: {html.escape(m['model'])}</title><link rel='icon' href='data:,'>"
             f"<script id='oattn-meta' type='application/json'>{_json_script(m)}</script>"
-            f"<style>{CSS}</style></head><body>{body}"
+            f"<style>\n{asset('page.css')}</style></head><body>{body}"
             f"<script id='oattn-data' type='application/json'>{_json_script(payload)}</script>"
-            f"<script>{plotly_js}</script><script>{APP_JS}</script></body></html>\n")
+            f"<script>{plotly_js}</script><script>\n{asset('app.js')}</script></body></html>\n")
 
 
 def read_meta(page) -> dict:
@@ -173,7 +181,7 @@ def render_index(models: list[dict], index_path) -> str:
                     f"<td>{html.escape(meta['kind'])}</td><td>{html.escape(stored_heads_note(meta))}</td>"
                     f"<td>{meta['n_query']}</td><td>{meta['n_samples']}</td><td>{res}</td><td>{size:.1f} MB</td></tr>")
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>oattn explorer</title>"
-            f"<link rel='icon' href='data:,'><style>{CSS}</style></head><body>"
+            f"<link rel='icon' href='data:,'><style>\n{asset('page.css')}</style></head><body>"
             "<header><h1>Organized attention explorer</h1><p>One self-contained page per model; "
             "each opens from disk with no network. The links are relative: open this index from the "
             "results directory (results/explorer.html), not from inside the Snakemake report.</p></header><main><table id='models'><thead><tr><th>model</th>"

@@ -1,18 +1,3 @@
-"""The explorer page's own script: the glue between the embedded data and plotly.js (bundled
-inline by `page`). It draws nothing itself: every plot is a plotly trace. Kept in a Python
-module so that the workflow's code fingerprint (oattn_lib.fingerprint) sees a change to it.
-
-State: the sample, the selected head (unit u = position of its layer * n_head + position of its
-head among the stored ones), the grid's metric, the diffusion map's colouring and the tree level
-whose folder boundaries are drawn. Every label shows the model's own indices (`meta.layers`,
-`meta.heads`: a store may hold a subset of the model's layers and heads). Entries the model
-masks (its layer's mask, `mask_rules` in encode) are null in every view's z, so plotly leaves
-them to the grey plot background, and their hover text says "masked". Every change
-goes through `schedule`, which serialises renders; `window.oattn.idle()` resolves once the
-page shows the newest state (the browser tests wait on it).
-"""
-
-APP_JS = r"""
 (function () {
 "use strict";
 const D = JSON.parse(document.getElementById("oattn-data").textContent);
@@ -465,4 +450,3 @@ const ready = schedule().then(() => {
 window.oattn = {data: D, state: state, select: select, setSample: setSample, setMetric: setMetric,
                 ready: ready, idle: () => pending};
 })();
-"""
