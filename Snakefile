@@ -4,6 +4,11 @@ import os
 
 from snakemake.utils import min_version
 
+# Every job inherits this: torch and numba bring separate OpenMP runtimes, and with the default
+# (active) wait policy torch's idle threads spin while numba's work (the EMD kernel several
+# times slower on a busy machine). Read when torch is imported, so set before any job starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from oattn_lib.config import validate_config
 
 min_version("9.0")

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import yaml
 
+from .models import adapter
 from .units import resolve_unit
 
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
-           "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples"]
+           "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
+           "softmax_free_bases"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -199,17 +201,8 @@ def validate_config(config: dict, schema_path: str) -> None:
 
 def n_tokens(model: dict) -> int | None:
     """Tokens per sample (query = key axis length) when known before running the model."""
-    kind, arch, ex = model["kind"], model["arch"], model["extract"]
-    if kind == "txl":
-        n = arch["tgt_len"]
-    elif kind == "vit":
-        if arch["variant"] == "vit_b_16":
-            n = 197
-        else:
-            size, patch = model["data"]["image_size"], arch["patch_size"]
-            n = (size // patch) ** 2 + 1
-    else:
-        n = ex["max_length"]
+    ex = model["extract"]
+    n = adapter(model).n_tokens(model)
     crop = ex.get("crop")
     if crop:
         n = min(n, crop[1]) - crop[0]
@@ -220,17 +213,7 @@ def n_units(model: dict) -> tuple[int, int] | None:
     """(layers, heads) of the model when known before running it: from the config (txl,
     vit) or from the model's files (hf: config.json or the GGUF header, `models.files.hf_layout`);
     None for an hf model whose files cannot be read here (a hub id)."""
-    arch = model["arch"]
-    if model["kind"] == "txl":
-        return arch["n_layer"], arch["n_head"]
-    if model["kind"] == "vit":
-        if arch["variant"] == "vit_b_16":
-            return 12, 12
-        return arch["num_layers"], arch["num_heads"]
-    from .models.files import hf_layout
-
-    layout = hf_layout(str(model.get("path", "")), model.get("gguf_file"))
-    return None if layout is None else (layout.n_layers, layout.n_heads)
+    return adapter(model).n_units(model)
 
 
 def stored_units(model: dict) -> tuple[list[int], list[int]] | None:
@@ -292,36 +275,33 @@ def prune_settings(config: dict, model: dict) -> dict:
     return model.get("prune") or config["prune"]
 
 
-def check_config(config: dict) -> None:
-    from .softmax_free import check_config as check_softmax_free  # it imports this module
+def softmax_free_bases(config: dict) -> list[dict]:
+    """The models the softmax-free experiment retrains (`softmax_free.models`, or every model
+    that can be retrained with another attention when it is empty: txl and custom vit), in the
+    order listed; `oattn_lib.softmax_free` makes their runs. A model named there that cannot be
+    retrained is a ConfigError naming the key and the allowed names."""
+    eligible = [m["name"] for m in config["models"] if adapter(m).retrain_problem(m["arch"]) is None]
+    chosen = config["softmax_free"]["models"] or eligible
+    bad = [n for n in chosen if n not in eligible]
+    if bad:
+        raise ConfigError(f"softmax_free.models: {bad} are not txl or custom vit models of `models`; "
+                          f"allowed: {eligible}")
+    by_name = {m["name"]: m for m in config["models"]}
+    return [by_name[n] for n in chosen]
 
+
+def check_config(config: dict) -> None:
     names = [m["name"] for m in config["models"]]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"models[].name: {dup} used more than once; model names must be unique")
-    check_softmax_free(config)
+    softmax_free_bases(config)
     ent = config["entropy"]
     for i, m in enumerate(config["models"]):
         where = f"models[{i}] ({m['name']})"
-        if m["kind"] == "hf":
-            from .models.files import hf_path_problem
-
-            problem = hf_path_problem(str(m.get("path", "")), m.get("gguf_file"))
-            if problem:
-                key = "gguf_file" if m.get("gguf_file") and "gguf" in problem.lower() else "path"
-                raise ConfigError(f"models[{i}].{key}: {problem}; allowed: a directory with a config.json, "
-                                  "the alias 'minilm' or 'smollm2', a directory holding gguf_file, or (online) "
-                                  "a Hugging Face hub id")
-        elif m.get("gguf_file"):
-            raise ConfigError(f"models[{i}].gguf_file: only hf models load GGUF files, {where} is {m['kind']}")
-        arch = m["arch"]
-        if m["kind"] == "vit" and arch["variant"] == "custom":
-            size, patch = m["data"]["image_size"], arch["patch_size"]
-            if size % patch:
-                raise ConfigError(f"{where}.arch.patch_size: {patch} must divide data.image_size {size}")
-            if arch["hidden_dim"] % arch["num_heads"]:
-                raise ConfigError(f"{where}.arch.num_heads: must divide arch.hidden_dim "
-                                  f"{arch['hidden_dim']}")
+        problem = adapter(m).config_problem(m, i)  # the kind's own checks (models.kinds)
+        if problem:
+            raise ConfigError(problem)
         crop = m["extract"].get("crop")
         if crop and not crop[0] < crop[1]:
             raise ConfigError(f"{where}.extract.crop: start {crop[0]} must be below stop {crop[1]}")

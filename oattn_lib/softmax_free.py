@@ -1,4 +1,4 @@
-"""Softmax vs Tensor Attention: what is lost, what is gained, how the heads change (issue 7).
+"""Softmax vs Tensor Attention: what is lost, what is gained, how the heads change (docs/method.md §10.5).
 
 The paper argues that once organized, attention is nearly invariant to its softmax; Tensor
 Attention (Zhang, "Deep Tensor Network"; `oattn_lib.tensor_attention`) has no softmax at
@@ -8,11 +8,11 @@ of steps, then:
 
 - Table 5: validation perplexity (TXL) or test accuracy (ViT), mean, spread, min and max
   over seeds, the difference from softmax, and training seconds per step;
-- Figure 8: per-head l1 entropy and l1/l2 sparsity (SPEC 4) of every run's organized heads
-  (SPEC 3.2, on the heads' probs: the matrices the values are multiplied by, softmax or
+- Figure 8: per-head l1 entropy and l1/l2 sparsity (docs/method.md §6) of every run's organized heads
+  (docs/method.md §5.2, on the heads' probs: the matrices the values are multiplied by, softmax or
   normalised T), variant beside variant;
-- the paraproduct residual (SPEC 5) of the softmax heads: every head of the softmax runs,
-  organized by the 2-D questionnaire (SPEC 3.3) and unorganized, on its pre-softmax scores.
+- the paraproduct residual (docs/method.md §7) of the softmax heads: every head of the softmax runs,
+  organized by the 2-D questionnaire (docs/method.md §5.3) and unorganized, on its pre-softmax scores.
 
 TXL variants run in their causal prefix form (`tensor_attention`); ViT variants in the
 non-causal linear form.
@@ -26,18 +26,20 @@ organize, decompose and entropy rules analyse it, one job per sample; softmax_fr
 adds the residuals of a softmax run (`stages.softmax_free_paraproduct`); softmax_free_table
 builds Table 5 and Figure 8 (`stages.softmax_free_table`) from what this module computes.
 
-This module: the runs (`run_models`, `check_config`) and Table 5 / Figure 8 from loaded values
-(`table5_frame`, `table5_markdown`, `fig8_softmax_free`). It is imported when the workflow
-starts, so pandas and matplotlib are imported only by the functions that use them.
+This module: the runs (`run_models`) and Table 5 from loaded values (`table5_frame`,
+`table5_markdown`). Which models the experiment may retrain is a config check
+(`config.softmax_free_bases`); Figure 8 is drawn by `plots.softmax_free`. It is imported when
+the workflow starts, so pandas is imported only by the functions that use it.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .config import ConfigError, canonical
+from .config import canonical, softmax_free_bases
+from .models import adapter_for
 
-__all__ = ["DEFAULT_VARIANTS", "PREFIX", "run_name", "eligible_models", "check_config", "run_models",
-           "run_metric", "table5_frame", "table5_markdown", "fig8_softmax_free"]
+__all__ = ["DEFAULT_VARIANTS", "PREFIX", "run_name", "run_models", "run_metric", "table5_frame",
+           "table5_markdown"]
 
 DEFAULT_VARIANTS = ("tensor_q", "tensor_k", "tensor_q_relu", "tensor_q_diag", "tensor_q_row")
 """The paper's named variants: T_Q, T_K, ReLU, diagonal and row renormalisation."""
@@ -50,29 +52,6 @@ PREFIX = "softmax_free"
 def run_name(model: str, attention: str, seed: int) -> str:
     """The graph's name of one run: also its directory below `results/`."""
     return f"{PREFIX}/{model}/{attention}/seed{seed}"
-
-
-def eligible_models(models: list[dict]) -> list[str]:
-    """Names of the models the experiment can retrain: every txl and custom vit model."""
-    return [m["name"] for m in models
-            if m["kind"] == "txl" or (m["kind"] == "vit" and m["arch"]["variant"] == "custom")]
-
-
-def _selected(config: dict) -> list[dict]:
-    eligible = eligible_models(config["models"])
-    chosen = config["softmax_free"]["models"] or eligible
-    bad = [n for n in chosen if n not in eligible]
-    if bad:
-        raise ConfigError(f"softmax_free.models: {bad} are not txl or custom vit models of `models`; "
-                          f"allowed: {eligible}")
-    by_name = {m["name"]: m for m in config["models"]}
-    return [by_name[n] for n in chosen]
-
-
-def check_config(config: dict) -> None:
-    """The experiment's semantic checks on a complete config (schema defaults filled in):
-    `softmax_free.models` names txl or custom vit models. One ConfigError naming the key."""
-    _selected(config)
 
 
 def run_models(config: dict) -> dict[str, dict]:
@@ -89,7 +68,7 @@ def run_models(config: dict) -> dict[str, dict]:
     """
     sf = config["softmax_free"]
     runs = {}
-    for base in _selected(config):
+    for base in softmax_free_bases(config):
         for attention in ("softmax", *sf["variants"]):
             for seed in range(sf["seeds"]):
                 name = run_name(base["name"], attention, seed)
@@ -104,10 +83,10 @@ def run_models(config: dict) -> dict[str, dict]:
     return runs
 
 
-# -- Table 5 and Figure 8 ----------------------------------------------------------------
+# -- Table 5 ----------------------------------------------------------------------------
 def run_metric(kind: str) -> tuple[str, str]:
     """(metrics key, label) of a model kind's quality measure."""
-    return ("valid_ppl", "validation perplexity") if kind == "txl" else ("test_accuracy", "test accuracy")
+    return adapter_for(kind).validation_metric()
 
 
 def _spread(x: np.ndarray) -> dict:
@@ -189,55 +168,5 @@ def table5_markdown(df) -> str:
             "coarse l1 entropy) and sparsity (l1/l2 of all bi-Haar coefficients, lower is sparser) are "
             "medians over every head, sample and seed of the organized probs (softmax or normalised T). "
             "Paraproduct residual: median over the softmax heads of the relative residual of their "
-            "paraproduct approximation (SPEC 5) on their scores, organized by the 2-D questionnaire and "
+            "paraproduct approximation (docs/method.md §7) on their scores, organized by the 2-D questionnaire and "
             "unorganized. s_per_step is measured on a shared machine; bench/attention.py times one layer.\n")
-
-
-def fig8_softmax_free(dists: dict):
-    """Figure 8: head entropy and sparsity distributions per attention variant, one row per
-    model, and the paraproduct residuals of the softmax heads.
-
-    dists: {(model, attention): {"entropy": (n,), "sparsity": (n,), "paraproduct": (n, 2) or None}}.
-    """
-    from . import plots
-
-    @plots.styled
-    def build():
-        models = list(dict.fromkeys(m for m, _ in dists))
-        has_pp = any(v["paraproduct"] is not None for v in dists.values())
-        ncol = 3 if has_pp else 2
-        fig = plots.new_figure(4.2 * ncol, 3.4 * len(models))
-        axes = np.atleast_2d(fig.subplots(len(models), ncol, squeeze=False))
-        for i, model in enumerate(models):
-            names = [a for (m, a) in dists if m == model]
-            for j, (key, label) in enumerate((("entropy", "head l1 entropy (coarse Haar)"),
-                                               ("sparsity", "head sparsity l1/l2 (lower = sparser)"))):
-                ax = axes[i, j]
-                data = [dists[(model, a)][key] for a in names]
-                pos = [p for p, d in enumerate(data) if d.size]
-                if pos:
-                    ax.boxplot([data[p] for p in pos], positions=pos, widths=0.6, showfliers=True,
-                               flierprops={"markersize": 2})
-                ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
-                ax.set_xlim(-0.6, len(names) - 0.4)
-                ax.set_ylabel(label)
-                ax.set_title(f"{model}: {key}")
-                ax.grid(True, axis="y")
-                pooled = np.concatenate([d for d in data if d.size] or [np.ones(1)])
-                if key == "entropy" and pooled.min() > 0 and pooled.max() / pooled.min() > 30:
-                    ax.set_yscale("log")
-            if has_pp:
-                ax = axes[i, 2]
-                pp = dists.get((model, "softmax"), {}).get("paraproduct")
-                if pp is not None and pp.size:
-                    ax.boxplot([pp[:, 0], pp[:, 1]], positions=[0, 1], widths=0.6)
-                    if pp.min() > 0 and pp.max() / pp.min() > 30:
-                        ax.set_yscale("log")
-                ax.set_xticks([0, 1], ["organized", "unorganized"])
-                ax.set_ylabel("relative residual")
-                ax.set_title(f"{model}: paraproduct of softmax heads")
-                ax.grid(True, axis="y")
-        fig.suptitle("Softmax vs Tensor Attention: head entropy and sparsity (all heads, samples, seeds)")
-        return fig
-
-    return build()

@@ -1,4 +1,4 @@
-"""Head ablation (issue 6): head masking on the three model kinds, gradient importance, the
+"""Head ablation (docs/method.md §11): head masking on the three model kinds, gradient importance, the
 rankings' summaries, the held-out sets, and the prune stage end to end on a tiny network."""
 import json
 import os
@@ -13,7 +13,10 @@ import torch
 import xarray as xr
 
 from oattn_lib import ablation as ab
-from oattn_lib.models import gating
+from oattn_lib.models import adapter_for, gating
+from oattn_lib.models.kinds.hf import extracted_texts, held_out_windows
+from oattn_lib.models.kinds.txl import held_out_segments
+from oattn_lib.models.kinds.vit import held_out_images
 from oattn_lib.models.txl import TransformerXL, TXLConfig
 from oattn_lib.models.vit import build_vit, recompute_attention, vit_attention
 from oattn_lib.stages import prune as prune_stage
@@ -427,7 +430,7 @@ def test_ranking_stability_of_identical_samples_and_reversed_orders():
 def test_txl_held_out_shares_no_token_with_the_ranking_windows():
     T, test = 8, np.arange(8 * 30 + 1)
     used = np.array([3, 10, 29])
-    data, picked = prune_stage._txl_held_out(test, T, used, 100, np.random.default_rng(0))
+    data, picked = held_out_segments(test, T, used, 100, np.random.default_rng(0))
     assert len(data) == len(picked) == 30 - 8  # 3 used and their neighbours (29 has one) are left out
     ranking = {int(t) for i in used for t in test[i * T:(i + 1) * T + 1] if i * T + T < test.size}
     held = set(data.inputs.reshape(-1).tolist())
@@ -438,7 +441,7 @@ def test_txl_held_out_shares_no_token_with_the_ranking_windows():
 def test_vit_held_out_excludes_the_extracted_images():
     arrays = {"test_images": np.random.default_rng(0).random((20, 3, 8, 8)).astype(np.float32),
               "test_labels": np.arange(20) % 10}
-    data, picked = prune_stage._vit_held_out(arrays, {"dataset": "digits"}, 8, np.array([1, 5, 7]), 100,
+    data, picked = held_out_images(arrays, {"dataset": "digits"}, 8, np.array([1, 5, 7]), 100,
                                     np.random.default_rng(0))
     assert set(picked.tolist()) == set(range(20)) - {1, 5, 7}
     np.testing.assert_array_equal(data.targets.numpy(), arrays["test_labels"][picked])
@@ -451,8 +454,8 @@ def test_hf_held_out_windows_avoid_the_extracted_texts():
     texts = [" ".join(f"text{i} word{j}" for j in range(60)) for i in range(5)]
     max_len = 16
     extracted = [tok(texts[i], truncation=True, max_length=max_len)["input_ids"] for i in (1, 3)]
-    ids, sources, used = prune_stage._hf_held_out(tok, texts, np.array(extracted), max_len, 1000,
-                                                  np.random.default_rng(0))
+    used = extracted_texts(tok, texts, np.array(extracted), max_len)
+    ids, sources = held_out_windows(tok, texts, used, max_len, 1000, np.random.default_rng(0))
     assert used == [1, 3] and set(sources) == {0, 2, 4}
     assert ids.shape[1] == max_len
     assert (ids[:, 0] == tok.cls_token_id).all() and (ids[:, -1] == tok.sep_token_id).all()
@@ -460,7 +463,7 @@ def test_hf_held_out_windows_avoid_the_extracted_texts():
             {w for i in (0, 2, 4) for w in tok(texts[i], add_special_tokens=False)["input_ids"]}
     assert not words & set(ids.reshape(-1).tolist())
     with pytest.raises(ValueError, match="extracted samples"):
-        prune_stage._hf_held_out(tok, texts[:1], np.array(extracted), max_len, 10, np.random.default_rng(0))
+        extracted_texts(tok, texts[:1], np.array(extracted), max_len)
 
 
 # -- the batched evaluation and the stage ---------------------------------------------------
@@ -556,7 +559,7 @@ def test_stage_curves_start_at_the_unmasked_metric_and_random_seeds_differ(stage
     at0 = curves[curves["k"] == 0]["perplexity"].to_numpy()
     # the held-out segments, as logged: recompute the unmasked perplexity with the plain model
     used = [int(xr.open_zarr(s, consolidated=False).attrs["source_index"]) for s in stores]
-    data, picked = prune_stage._txl_held_out(test, 8, np.array(used), 6, np.random.default_rng(0))
+    data, picked = held_out_segments(test, 8, np.array(used), 6, np.random.default_rng(0))
     with torch.no_grad():
         nll = [float(model(data.inputs[i:i + 1, :-1], data.inputs[i:i + 1, 1:]).loss) for i in range(len(data))]
     np.testing.assert_allclose(at0, np.exp(np.mean(nll)), rtol=1e-6)
@@ -629,7 +632,8 @@ def test_a_causal_lm_is_scored_by_its_held_out_perplexity(lm_stage):
     tok = AutoTokenizer.from_pretrained(mcfg["path"], local_files_only=True)
     net = AutoModelForCausalLM.from_pretrained(mcfg["path"], attn_implementation="eager").eval()
     sample_ids = np.stack([xr.open_zarr(s, consolidated=False)["token"].values for s in stores])
-    ids, _, used = prune_stage._hf_held_out(tok, texts, sample_ids, 12, 5, np.random.default_rng(params["seed"]))
+    used = extracted_texts(tok, texts, sample_ids, 12)
+    ids, _ = held_out_windows(tok, texts, used, 12, 5, np.random.default_rng(params["seed"]))
     assert len(used) == 3
     with torch.no_grad():
         nll = [float(net(input_ids=ids[i:i + 1], labels=ids[i:i + 1]).loss) for i in range(len(ids))]
@@ -646,7 +650,8 @@ def test_a_causal_lm_is_scored_by_its_held_out_perplexity(lm_stage):
     r = pd.read_csv(outs["rankings"])
     g = r[r["ranking"] == ab.GRADIENT].sort_values(["layer", "head"])["score"].to_numpy().reshape(2, 4)
     fd = np.zeros((3, 2, 4))
-    lm, _, lay = prune_stage._load("hf", mcfg, {}, None, "cpu")
+    loaded = adapter_for("hf").ablation(mcfg, data_npz=None, meta={"test_texts": []}, checkpoint=None, device="cpu")
+    lm, lay = loaded.net, loaded.layout
     assert lay.objective == "lm"
     lm = lm.double()  # finite differences need the precision
     x = torch.from_numpy(sample_ids.astype(np.int64))
@@ -661,7 +666,7 @@ def test_a_causal_lm_is_scored_by_its_held_out_perplexity(lm_stage):
     np.testing.assert_allclose(g, ab.normalize_per_layer(np.abs(fd).mean(0)), atol=2e-3)
 
 
-# -- the stage's stored outputs against an independent recomputation (issue 14) ---------------
+# -- the stage's stored outputs against an independent recomputation ------------------------
 def _stored(outs):
     return pd.read_csv(outs["rankings"]), pd.read_csv(outs["curves"]), pd.read_csv(outs["table3_csv"])
 
@@ -729,7 +734,7 @@ def test_stage_curves_measure_each_rankings_own_masks(stage):
     _, outs, model, test, stores = stage
     r, curves, _ = _stored(outs)
     used = [int(xr.open_zarr(s, consolidated=False).attrs["source_index"]) for s in stores]
-    data, _ = prune_stage._txl_held_out(test, 8, np.array(used), 6, np.random.default_rng(0))
+    data, _ = held_out_segments(test, 8, np.array(used), 6, np.random.default_rng(0))
     layout = gating.head_layout(model, "txl")
     for (k, j), o in r.groupby(["ranking", "order"]):
         order = (o.sort_values("position")["layer"] * 3 + o.sort_values("position")["head"]).to_numpy()

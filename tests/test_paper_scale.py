@@ -199,12 +199,12 @@ def paper_stores(tmp_path_factory):
 @pytest.mark.parametrize("kind, shape", [("txl", (256, 256, 16 * 8)), ("vit", (197, 197, 12 * 12))])
 def test_paper_models_give_the_paper_network_tensors(paper_stores, kind, shape):
     from oattn_lib import store
-    from oattn_lib.stages.common import network_tensor
+    from oattn_lib.stages.common import read_network
 
     quantity = paper_models()[kind]["extract"]["quantity"]
     ds = store.read_store(paper_stores[kind], require=("scores", "probs"), finite=("scores", "probs"))
-    x = network_tensor(ds, quantity)
-    assert x.dims == ("query", "key", "unit") and x.shape == shape
+    x = read_network(ds, quantity).array
+    assert x.shape == shape
     scores, probs = ds["scores"].values, ds["probs"].values
     n = shape[0]
     # TXL: one segment with empty memory, so query i sees keys 0..i; ViT attends everywhere

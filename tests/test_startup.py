@@ -49,6 +49,22 @@ def test_analysis_stages_import_no_model_or_plotting_library():
     assert not _loaded_by_import(*(f"oattn_lib.stages.{s}" for s in stages)) & MODEL_OR_PLOTS
 
 
+def test_importing_the_library_leaves_the_environment_alone():
+    """A notebook that imports oattn_lib keeps its own environment: every module of the library
+    imported, no variable set or changed (the Snakefile sets the jobs' OMP_WAIT_POLICY, not the
+    library). torch's inductor records its cache folder when imported: not ours, allowed."""
+    changed = _fresh(
+        "import importlib, json, os, pkgutil\n"
+        "os.environ.pop('OMP_WAIT_POLICY', None)\n"  # as a notebook has it (conftest sets it here)
+        "before = dict(os.environ)\n"
+        "import oattn_lib\n"
+        "for m in pkgutil.walk_packages(oattn_lib.__path__, 'oattn_lib.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "after = dict(os.environ)\n"
+        "print(json.dumps(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))))")
+    assert [k for k in changed if not k.startswith("TORCHINDUCTOR_")] == []
+
+
 @pytest.fixture(scope="module")
 def decomposed(tmp_path_factory):
     """Two samples of a tiny causal model organized and decomposed by the stages."""

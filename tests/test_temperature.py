@@ -187,14 +187,14 @@ def test_temperature_figure_draws_geometric_means_bands_and_marks():
 # -- the stage, on stores the real organize and decompose stages wrote ------------------------------
 def test_decompose_stores_the_orders_of_its_organized_head(stores):
     """The figure heads' 2-D orders are stored, and they are the ones fig_organized2d used."""
-    from oattn_lib.stages.common import network_tensor
+    from oattn_lib.stages.common import read_network
     for paths, _ in stores.values():
         for apath, dpath in paths:
             dec = xr.open_zarr(dpath, consolidated=False).load()
             att = xr.open_zarr(apath, consolidated=False).load()
-            logits = network_tensor(att, "scores")
+            logits = read_network(att, "scores")
             for j, (layer, head) in enumerate(zip(dec["fig_layer"].values, dec["fig_head_index"].values)):
-                g = logits.sel(layer=layer, head=head).values
+                g = logits.head(layer, head)
                 r, c = dec["fig_row_order"].values[j], dec["fig_col_order"].values[j]
                 assert sorted(r) == list(range(g.shape[0])) and sorted(c) == list(range(g.shape[1]))
                 np.testing.assert_array_equal(dec["fig_organized2d"].values[j], g[np.ix_(r, c)].astype(np.float32))

@@ -188,15 +188,15 @@ def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
     from oattn_lib.entropy import head_entropy, head_sparsity, network_entropy, network_sparsity
     from oattn_lib.haar import bihaar, trihaar
     from oattn_lib.questionnaire import questionnaire3d
-    from oattn_lib.stages.common import load_network, load_organization, plain
+    from oattn_lib.stages.common import load_organization, read_network
 
     res = run / "results" / model
     cfg = next(m for m in TINY["models"] if m["name"] == model)
     quantity = cfg["extract"]["quantity"]
     ent = xr.open_zarr(res / "entropy.zarr", consolidated=False).load()
     for i in range(cfg["extract"]["n_samples"]):
-        _, x = load_network(res / "attention" / f"sample{i}.zarr", quantity, None)
-        X = plain(x)
+        net = read_network(res / "attention" / f"sample{i}.zarr", quantity)
+        X = net.array
         org, _ = load_organization(res / "organized" / f"sample{i}.zarr")
         fresh = questionnaire3d(X, **TINY["organize"])
         for axis in ("q", "k", "h"):
@@ -208,8 +208,7 @@ def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
         np.testing.assert_allclose(dec["trihaar"].values, np.asarray(trihaar(X, org.tree_q, org.tree_k, org.tree_h)),
                                    rtol=1e-4, atol=1e-5 * np.abs(X).max())
         grid = ent.sel(sample=i).stack(unit=("layer", "head"))
-        layer, head = x["layer"].values, x["head"].values
-        stored = grid.sel(unit=list(zip(layer, head)))
+        stored = grid.sel(unit=list(zip(net.unit_layer, net.unit_head)))
         np.testing.assert_allclose(stored["head_entropy"].values,
                                    head_entropy(X, org, TINY["entropy"]["head_top_k"]), rtol=1e-5)
         np.testing.assert_allclose(stored["head_sparsity"].values, head_sparsity(X, org), rtol=1e-5)

@@ -1,4 +1,4 @@
-"""Word-level text data for the Transformer-XL experiments (SPEC 7).
+"""Word-level text data for the Transformer-XL experiments (docs/method.md §9.2).
 
 Two sources:
 
@@ -28,7 +28,7 @@ from ..store import atomic_write_text
 from .stdlib import stdlib_corpus, stdlib_named_documents
 
 __all__ = ["stdlib_corpus", "stdlib_named_documents", "tokenize_words", "Vocab",
-           "split_documents", "build_text_dataset", "load_wikitext", "UNK", "EOS",
+           "split_documents", "build_text_dataset", "text_dataset", "load_wikitext", "UNK", "EOS",
            "WIKITEXT_FILES"]
 
 UNK = "<unk>"
@@ -333,3 +333,21 @@ def load_wikitext(root: str | os.PathLike, skip_empty_lines: bool = True,
                 tokens.append(EOS)
         out[split] = tokens
     return out
+
+
+def text_dataset(data: dict, data_root: str | os.PathLike = "resources") -> tuple[dict, Vocab, list[str] | None]:
+    """A model's text dataset from its `data` config slice: (token-id splits train, valid and
+    test, their `Vocab`, the corpus' documents). `corpus` wikitext103 reads the files under
+    `data_root` (its documents are not kept: None); otherwise the stdlib corpus is split by
+    `build_text_dataset` with the slice's `seed`, `min_freq` and `max_size`."""
+    if data["corpus"] == "wikitext103":
+        splits = load_wikitext(Path(data_root))
+        vocab = Vocab.build(splits["train"], min_freq=data["min_freq"], max_size=data["max_size"])
+        return {k: vocab.encode(v) for k, v in splits.items()}, vocab, None
+    import logging
+
+    docs = stdlib_corpus()
+    logging.getLogger("oattn").info("stdlib corpus: %d documents", len(docs))
+    ds = build_text_dataset(docs, seed=data["seed"], min_freq=data["min_freq"], max_size=data["max_size"])
+    vocab = ds.pop("vocab")
+    return ds, vocab, docs

@@ -1,8 +1,8 @@
 """What the explorer shows of one sample, read from the workflow's stores and computed where
-the stores hold no such thing: every head's 2-D organization (SPEC 3.3) and paraproduct
-residual (SPEC 5) for a bounded set of heads.
+the stores hold no such thing: every head's 2-D organization (docs/method.md §5.3) and paraproduct
+residual (docs/method.md §7) for a bounded set of heads.
 
-Heads are indexed by unit u = layer * n_head + head (SPEC notation), whatever order a
+Heads are indexed by unit u = layer * n_head + head (docs/method.md §1.1), whatever order a
 store keeps them in: every array read here is mapped through the store's own `layer`,
 `head` (attention) or `unit_layer`, `unit_head` (organized, decomposed) coordinates.
 """
@@ -16,9 +16,10 @@ import numpy as np
 import xarray as xr
 
 from .. import store
+from ..models import KINDS
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
-from ..stages.common import allowed_mask, head_array, load_organization, model_mask, network_tensor, plain
+from ..stages.common import allowed_mask, head_array, load_organization, model_mask, read_network
 from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
@@ -55,7 +56,7 @@ class Sample:
 class HeadOrganization:
     """A head's own 2-D organization and its paraproduct residual (exact softmax minus the
     approximation, in the organized order), with the relative residual norms of the
-    organized and the unorganized head (SPEC 5)."""
+    organized and the unorganized head (docs/method.md §7)."""
 
     tree_r: PartitionTree
     tree_c: PartitionTree
@@ -92,7 +93,8 @@ def token_labels(ds: xr.Dataset, n: int) -> list[str]:
         if len(text) >= n:
             return [str(t) for t in text[:n]]
     tok = ds["token"].values[:n] if "token" in ds.coords else np.arange(n)
-    if ds.attrs.get("kind") == "vit":
+    kind = KINDS.get(ds.attrs.get("kind"))
+    if kind is not None and kind.image_patches:
         side = int(round(np.sqrt(max(n - 1, 1))))
         return ["[CLS]" if t < 0 else (f"patch {t} (row {t // side}, col {t % side})" if side * side == n - 1
                                        else f"patch {t}") for t in tok]
@@ -121,20 +123,19 @@ def layer_masks(ds: xr.Dataset, crop=None) -> np.ndarray | None:
 
 def read_sample(index: int, attention_store, organized_store, decomposed_store, quantity: str,
                 crop=None, masks_of=()) -> Sample:
-    """The explorer's view of one sample (SPEC 7, 3.2, 6), heads by unit index; the model's mask of
+    """The explorer's view of one sample (docs/method.md §9, §5.2, §8), heads by unit index; the model's mask of
     the units `masks_of` (stages.common.model_mask: causal heads are compared with their masked
-    softmax, SPEC 5)."""
+    softmax, docs/method.md §7.5)."""
     # the analysed quantity of every head; the scores (pre-softmax logits) only of the heads
     # `masks_of`, a head at a time: at 270 heads x 1024 tokens each variable is 1.1 GB
     ds = store.read_store(attention_store, require=(quantity, "scores"), lazy=True)
-    loaded = ds.assign({quantity: (ds[quantity].dims, store.load_variable(ds, quantity, attention_store, finite=True))})
     n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
     n_units = n_layer * n_head
-    x = network_tensor(loaded, quantity, crop)
+    net = read_network(attention_store, quantity, crop)
     stored = (ds["layer"].values, ds["head"].values)  # the model's indices of the stored layers and heads
-    units = unit_grid(x["layer"].values, x["head"].values, n_head, *stored)
-    xv = _by_unit(np.moveaxis(plain(x), -1, 0), units, n_units, f"{attention_store}: {quantity}")
-    del loaded, x
+    units = unit_grid(net.unit_layer, net.unit_head, n_head, *stored)
+    xv = _by_unit(np.moveaxis(net.array, -1, 0), units, n_units, f"{attention_store}: {quantity}")
+    del net
     layer_head = {int(u): (int(stored[0][u // n_head]), int(stored[1][u % n_head])) for u in masks_of}
     lv = {u: (xv[u] if quantity == "scores" else
               head_array(ds, "scores", *lh, crop, where=str(attention_store)).astype(np.float32))
@@ -169,9 +170,9 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
 
 
 def organize_head(logits: np.ndarray, n_iters: int, allowed=None) -> HeadOrganization:
-    """A head's 2-D organization from its pre-softmax scores (SPEC 3.3) and the paraproduct
+    """A head's 2-D organization from its pre-softmax scores (docs/method.md §5.3) and the paraproduct
     residual of the organized and the unorganized head against the model's own (masked)
-    softmax (SPEC 5), as the decompose stage computes them for the figure heads."""
+    softmax (docs/method.md §7), as the decompose stage computes them for the figure heads."""
     g = np.asarray(logits, dtype=np.float64)
     tree_r, tree_c = questionnaire2d(g, n_iters=n_iters)
     pp = paraproduct(g, row_order=tree_r.order, col_order=tree_c.order, allowed=allowed)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from ..models import adapter_for
 from ..store import write_store
 from ..trees import balanced_tree
 
@@ -40,7 +41,9 @@ def synthetic_model(root, name: str, kind: str, n: int, n_layer: int, n_head: in
     `np.tril(np.ones((n, n), bool))`, a causal decoder): stored as the `allowed` variable, with
     the probabilities the masked softmax of the (pre-mask) scores, as extract stores them.
     `layers` / `heads`: the model's indices of the n_layer layers and n_head heads stored (a
-    subset store, extract.layers / extract.heads); default 0, 1, ..."""
+    subset store, extract.layers / extract.heads); default 0, 1, ... The organized stores
+    analyse the quantity a model of `kind` usually is (`models.kinds.ModelKind.typical_quantity`)."""
+    quantity = adapter_for(kind).typical_quantity
     rng = np.random.default_rng(seed)
     base = Path(root) / name
     units = n_layer * n_head
@@ -75,7 +78,7 @@ def synthetic_model(root, name: str, kind: str, n: int, n_layer: int, n_head: in
                                 "affinity_q": (("query", "query_"), np.eye(n, dtype=np.float32)),
                                 "affinity_k": (("key", "key_"), np.eye(n, dtype=np.float32)),
                                 "affinity_h": (("unit", "unit_"), np.eye(units, dtype=np.float32))},
-                               coords=unit_coords, attrs={"quantity": "scores" if kind == "txl" else "probs"}),
+                               coords=unit_coords, attrs={"quantity": quantity}),
                     base / f"organized/sample{s}.zarr")
         write_store(xr.Dataset({"diffusion_coords": (("unit", "component"), rng.normal(size=(units, 3)))},
                                coords=unit_coords), base / f"decomposed/sample{s}.zarr")
@@ -91,5 +94,5 @@ def synthetic_model(root, name: str, kind: str, n: int, n_layer: int, n_head: in
                   "mean_entropy": [1.0]}).to_csv(base / "tables/table1.csv", index=False)
     pd.DataFrame({"sample": range(n_samples), "network_entropy": rng.gamma(2.0, size=n_samples)}).to_csv(
         base / "tables/table2.csv", index=False)
-    return {"name": name, "kind": kind, "quantity": "scores" if kind == "txl" else "probs", "base": base,
+    return {"name": name, "kind": kind, "quantity": quantity, "base": base,
             "n_samples": n_samples}

@@ -12,15 +12,16 @@ with a valid (widened) colour scale and raise no warnings.
 Modules: `style` (the look, input validation, colour limits, `save`), `intrinsic`
 (Figures 1-2 and the temperature figure: one head and its paraproduct), `geometry` (Figure 3, the heads' tree and
 diffusion map), `sparsity` (Figures 4-6, Haar coefficients and entropies), `pruning`
-(Figure 7). The figures and `save`, `new_figure`, `styled`, `DPI` and the colour maps are
+(Figure 7), `softmax_free` (Figure 8, the softmax-free experiment). The figures and `save`, `new_figure`, `styled`, `DPI` and the colour maps are
 importable from `oattn_lib.plots`; the input checks and colour limits from `plots.style`.
 """
 from .geometry import fig3_head_geometry
 from .intrinsic import fig1_organized_head, fig2_paraproduct, fig_temperature
 from .pruning import fig7_ablation
+from .softmax_free import fig8_softmax_free
 from .sparsity import fig4_bihaar, fig5_entropy_heatmaps, fig6_top_trihaar
 from .style import DIVERGING, DPI, SEQUENTIAL, new_figure, save, styled
 
 __all__ = ["DIVERGING", "DPI", "SEQUENTIAL", "fig1_organized_head", "fig2_paraproduct",
            "fig3_head_geometry", "fig4_bihaar", "fig5_entropy_heatmaps", "fig6_top_trihaar",
-           "fig7_ablation", "fig_temperature", "new_figure", "save", "styled"]
+           "fig7_ablation", "fig8_softmax_free", "fig_temperature", "new_figure", "save", "styled"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
@@ -16,18 +17,57 @@ from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["network_tensor", "unit_coords", "plain", "on_device", "load_network", "network_array", "head_array",
-           "load_organization",
+__all__ = ["Network", "read_network", "on_device", "head_array", "load_organization",
            "allowed_mask", "model_mask", "softmax_heads"]
 
 
-def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
-    """The network 3-tensor (query, key, unit) of one sample; unit = (layer, head) pairs.
+@dataclass(frozen=True, eq=False)
+class Network:
+    """The network 3-tensor of one sample, as every stage reads it.
 
-    `crop` = (start, stop) keeps rows and columns start:stop (the authors' ViT window).
+    `array`: (query, key, unit) float32, C-contiguous, where unit runs over the stored
+    (layer, head) pairs layer-major; `coords`: the `query` and `key` positions and, per unit,
+    `unit_layer`, `unit_head` and (grouped-query models) `unit_kv_group`, each as
+    (dimension, values) ready for an xarray Dataset; `attrs`: the attention store's attributes.
     """
+    array: np.ndarray
+    coords: dict
+    attrs: dict
+
+    @property
+    def unit_layer(self) -> np.ndarray:
+        return self.coords["unit_layer"][1]
+
+    @property
+    def unit_head(self) -> np.ndarray:
+        return self.coords["unit_head"][1]
+
+    def head(self, layer: int, head: int) -> np.ndarray:
+        """The (query, key) view of one stored head, by the model's layer and head index."""
+        hit = np.flatnonzero((self.unit_layer == layer) & (self.unit_head == head))
+        if hit.size != 1:
+            raise KeyError(f"layer {layer}, head {head}: not a stored head of this network "
+                           f"(layers {sorted(set(self.unit_layer.tolist()))}, "
+                           f"heads {sorted(set(self.unit_head.tolist()))})")
+        return self.array[:, :, int(hit[0])]
+
+
+def read_network(source, quantity: str, crop=None) -> Network:
+    """The network tensor of one sample (`Network`), from an attention store's path or from an
+    opened attention dataset. `quantity`: "scores" (pre-softmax) or "probs". `crop` = (start,
+    stop) keeps rows and columns start:stop (the authors' ViT window).
+
+    From a path only `quantity` is read (scores and probs of 270 heads at 1024 tokens are 1.1 GB
+    each in float32), NaN or inf is an error naming the store, and the store's copy is released
+    before returning: the peak is two copies of the one quantity, not four."""
     if quantity not in ("scores", "probs"):
         raise ValueError(f"quantity: must be 'scores' or 'probs', got {quantity!r}")
+    if isinstance(source, xr.Dataset):
+        ds = source
+        if quantity not in ds:
+            raise KeyError(f"attention dataset has no variable {quantity!r} (has {sorted(ds.data_vars)})")
+    else:
+        ds = store.read_store(source, require=(quantity,), finite=(quantity,), variables=(quantity,))
     x = ds[quantity]
     if crop is not None:
         a, b = int(crop[0]), int(crop[1])
@@ -35,21 +75,13 @@ def network_tensor(ds: xr.Dataset, quantity: str, crop=None) -> xr.DataArray:
             raise ValueError(f"extract.crop: {crop} does not fit {x.sizes['query']} tokens")
         x = x.isel(query=slice(a, b), key=slice(a, b))
     x = x.stack(unit=("layer", "head")).transpose("query", "key", "unit")
-    return x
-
-
-def unit_coords(x: xr.DataArray) -> dict:
-    """Each unit's layer and head, and its key/value head (`kv_group`) where the attention store
-    records one (grouped-query models)."""
-    out = {"unit_layer": ("unit", x["layer"].values.astype(np.int64)),
-           "unit_head": ("unit", x["head"].values.astype(np.int64))}
+    coords = {"query": x["query"].values, "key": x["key"].values,
+              "unit_layer": ("unit", x["layer"].values.astype(np.int64)),
+              "unit_head": ("unit", x["head"].values.astype(np.int64))}
     if "kv_group" in x.coords:
-        out["unit_kv_group"] = ("unit", np.broadcast_to(x["kv_group"].values, x["unit"].shape).astype(np.int64))
-    return out
-
-
-def plain(x: xr.DataArray) -> np.ndarray:
-    return np.ascontiguousarray(x.values, dtype=np.float32)
+        coords["unit_kv_group"] = ("unit", np.broadcast_to(x["kv_group"].values, x["unit"].shape).astype(np.int64))
+    array = np.ascontiguousarray(x.values, dtype=np.float32)
+    return Network(array, coords, dict(ds.attrs))
 
 
 def on_device(a: np.ndarray, device):
@@ -62,27 +94,6 @@ def on_device(a: np.ndarray, device):
     import torch
 
     return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
-
-
-def load_network(attention_store, quantity, crop, only: bool = False):
-    """The attention store and its network tensor (query, key, unit). `only`: load the one
-    quantity and leave the store's other variables out (scores and probs of 270 heads at 1024
-    tokens are 1.1 GB each in float32)."""
-    ds = store.read_store(attention_store, require=(quantity,), finite=(quantity,),
-                          variables=(quantity,) if only else None)
-    x = network_tensor(ds, quantity, crop)
-    return ds, x
-
-
-def network_array(attention_store, quantity, crop) -> tuple[dict, dict, np.ndarray]:
-    """The network tensor of one sample as one contiguous float32 array (query, key, unit), with
-    the store's attributes and the tensor's coordinates (`query`, `key` and `unit_coords`), and
-    nothing else kept: the store's copy is released before returning, so the peak is two copies
-    of the one quantity (1.1 GB each for 270 heads at 1024 tokens), not four."""
-    ds, x = load_network(attention_store, quantity, crop, only=True)
-    coords = {"query": x["query"].values, "key": x["key"].values, **unit_coords(x)}
-    a = plain(x)
-    return dict(ds.attrs), coords, a
 
 
 def head_array(ds: xr.Dataset, name: str, layer: int, head: int, crop=None, where="") -> np.ndarray:
@@ -109,7 +120,7 @@ def load_organization(path):
 def allowed_mask(att, layer: int | None = None, crop=None) -> np.ndarray:
     """The model's own mask, True where its heads may attend: (query, key) of `layer`, or
     (layer, query, key) of every stored layer with `layer` None; cropped like the network tensor.
-    The store's `allowed` variable (the mask the model was given, SPEC 7); a store written before
+    The store's `allowed` variable (the mask the model was given, docs/method.md §9.5); a store written before
     it existed has it read from its probabilities (`attention_mask`: the entries every head of
     the layer gives exactly 0)."""
     sel = {} if layer is None else {"layer": layer}
@@ -127,7 +138,7 @@ def allowed_mask(att, layer: int | None = None, crop=None) -> np.ndarray:
 def model_mask(att, layer: int, head: int, logits: np.ndarray, crop) -> np.ndarray | None:
     """Allowed (query, key) entries of the model's own mask for one head; None if nothing is masked.
 
-    The mask is the store's `allowed` variable (the mask the model was given, SPEC 7); a
+    The mask is the store's `allowed` variable (the mask the model was given, docs/method.md §9.5); a
     store without one (written before it existed) has it read from the stored
     probabilities of the head's layer (`attention_mask`). Without a crop, the masked
     softmax of the stored scores must then be the head's stored probabilities, which is

@@ -1,5 +1,5 @@
 """Stage `decompose`: bi-/tri-Haar expansions, random-tree baselines, the figure heads' 2-D
-organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6)."""
+organization and paraproduct, and the diffusion map of heads (docs/method.md §3, §6, §7, §8)."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +17,7 @@ from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
 from ..trees import random_tree
 from ..units import resolve_unit
-from .common import head_array, load_organization, model_mask, network_array
+from .common import head_array, load_organization, model_mask, read_network
 
 log = logging.getLogger("oattn")
 
@@ -36,9 +36,11 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
               *, figure_heads, questionnaire2d_iters: int, random_tree_seeds: int,
               config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
-    2-D organization and paraproduct, and the diffusion map of heads (SPEC 2, 4-6). The Haar
+    2-D organization and paraproduct, and the diffusion map of heads (docs/method.md §3, §6, §7, §8). The Haar
     expansions run on the device `device` resolves to (`runtime.resolve_device`)."""
-    attrs, coords, a = network_array(attention_store, quantity, crop)
+    net = read_network(attention_store, quantity, crop)
+    attrs, coords, a = net.attrs, net.coords, net.array
+    del net
     # the figure heads are read one at a time from the store (one chunk per head): the whole
     # store is 2 x 1.1 GB for 270 heads at 1024 tokens
     ds = store.read_store(attention_store, require=("scores",), lazy=True)
@@ -67,7 +69,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         f = a[:, :, position[(int(layer), int(head))]]
         g = head_array(ds, "scores", layer, head, crop, where=attention_store).astype(np.float64)
         tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
-        # a causal head is compared with the model's own masked softmax (SPEC 5)
+        # a causal head is compared with the model's own masked softmax (docs/method.md §7.5)
         allowed = model_mask(ds, layer, head, g, crop)
         pp = paraproduct(g, row_order=tr.order, col_order=tc.order, allowed=allowed)
         pu = paraproduct(g, allowed=allowed)

@@ -1,4 +1,4 @@
-"""Stage `extract`: scores and probabilities of every head for one sample (SPEC 7-8).
+"""Stage `extract`: scores and probabilities of every head for one sample (docs/method.md §9, §12).
 
 Stores are streamed: `AttentionWriter` appends each layer to the zarr store as soon as the
 model has computed it (for Hugging Face models, from inside the forward pass through
@@ -11,7 +11,6 @@ would trust, and the next write of the same store removes the temporary.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import shutil
@@ -22,11 +21,9 @@ import torch
 import xarray as xr
 
 from .. import store
-from ..data.images import vit_images
-from ..models.checkpoint import build_model, load_checkpoint
-from ..models.files import resolve_hf
+from ..models import adapter_for
+from ..models.kinds.hf import hf_hash
 from ..runtime import resolve_device
-from ..store import load_npz
 
 log = logging.getLogger("oattn")
 
@@ -68,7 +65,7 @@ _TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 
 class AttentionWriter:
-    """An attention store (SPEC 8) written one layer at a time into the directory `path`.
+    """An attention store (docs/method.md §12.1) written one layer at a time into the directory `path`.
 
     Layout: `scores` and `probs` (layer, head, query, key) in `dtype`, one chunk per (layer,
     head); `allowed` (layer, query, key) bool, True where the model may attend (its causal,
@@ -233,7 +230,7 @@ def _check_layers(layers, n_layers: int) -> None:
 def extract(kind: str, model: dict, data_npz, data_meta, checkpoint, out, sample: int,
             device="auto", config_slice: dict | None = None, code: str | None = None,
             prepared=None) -> None:
-    """Extract scores and probabilities of the heads of one sample (SPEC 7-8): every layer and
+    """Extract scores and probabilities of the heads of one sample (docs/method.md §9, §12): every layer and
     head, or those of `extract.layers` / `extract.heads`, stored as `extract.dtype`.
 
     Samples are drawn without replacement with the extraction seed, so sample i is the
@@ -249,6 +246,7 @@ def extract_samples(kind: str, model: dict, data_npz, data_meta, checkpoint, out
                     prepared=None) -> None:
     """`extract` for several samples, the model loaded once: sample samples[i] into the store
     outs[i] (one job for all samples of a small model)."""
+    model_kind = adapter_for(kind)
     dev = resolve_device(device)
     ex = model["extract"]
     n, seed, dtype = ex["n_samples"], ex["seed"], ex["dtype"]
@@ -259,109 +257,28 @@ def extract_samples(kind: str, model: dict, data_npz, data_meta, checkpoint, out
         if not 0 <= sample < n:
             raise ValueError(f"sample: {sample} is outside 0..{n - 1} (extract.n_samples = {n})")
     meta = json.loads(Path(data_meta).read_text())
-    if kind == "hf":
-        from ..models.hf import hf_attention_stream, hf_encode, load_hf  # transformers: only for hf models
-
-        if prepared:
-            prepared = Path(prepared).parent if Path(prepared).is_file() else Path(prepared)
-        source = (str(prepared), None) if prepared else (model["path"], model.get("gguf_file"))
-        net, tok = load_hf(source[0], device=dev, gguf_file=source[1])
-        max_len = ex["max_length"]
-        # long enough texts only, so that every sample has exactly max_length tokens
-        texts = [t for t in meta["test_texts"] if len(t) >= 4 * max_len]
-        texts = [t for t in texts if len(tok(t, add_special_tokens=True)["input_ids"]) >= max_len]
-        picked = _pick(len(texts), n, seed, f"held-out texts with >= {max_len} tokens")
-        provenance = store.provenance_attrs(config_slice or {}, hf_hash(*source), code=code)
-        n_model = int(getattr(net.config, "num_hidden_layers", 0) or 0)
-        n_heads = int(getattr(net.config, "num_attention_heads", 0) or 0)
-        if n_model:
-            _check_layers(layers, n_model)
-        wanted = None if layers is None else set(layers)
-        for out, sample in zip(outs, samples):
-            idx = int(picked[sample])
-            attrs = {"model": model["name"], "kind": kind, "sample": int(sample), "source_index": idx, **provenance}
-            inputs = hf_encode(net, tok, [texts[idx]], max_length=max_len)
-            ids = inputs["input_ids"][0].cpu().numpy()
-            _log_size(out, model["name"], sample, len(layers) if layers else n_model,
-                      len(heads) if heads else n_heads, ids.size, dtype)
-            with attention_writer(out, tokens=ids, attrs=attrs, dtype=dtype, heads=heads,
-                                  token_text=tok.convert_ids_to_tokens(ids.tolist())) as writer:
-                def on_layer(call):
-                    if wanted is None or call.index in wanted:
-                        writer.write(call.index, call.scores[0], call.probs[0],
-                                     None if call.allowed is None else call.allowed[0], call.n_kv_heads)
-
-                n_calls = hf_attention_stream(net, inputs, on_layer)
-                _check_layers(layers, n_calls)
-                writer.finish(n_calls)
-            log.info("%s sample %d: source %d, %d layers x %d heads, %d tokens", model["name"], sample, idx,
-                     len(writer.layers), writer.kv_group.size, ids.size)
-        return
-    ck = load_checkpoint(checkpoint)
-    arrays = load_npz(data_npz)
-    if kind == "txl":
-        from ..models.txl import causal_mask
-
-        net = build_model("txl", ck["arch"], n_token=len(meta["vocab"]))
-        tgt = ck["arch"]["tgt_len"]
-        test = arrays["test"]
-        picked = _pick(test.size // tgt, n, seed, f"test segments of {tgt} tokens")
-    elif kind == "vit":
-        from ..models.vit import vit_attention
-
-        size = model["data"]["image_size"]
-        net = build_model("vit", ck["arch"], image_size=size)
-        picked = _pick(arrays["test_labels"].shape[0], n, seed, "test images")
-    else:
-        raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
-    net.load_state_dict(ck["state_dict"])
-    net.to(dev).eval()
-    provenance = store.provenance_attrs(config_slice or {}, store.file_sha256(checkpoint), code=code)
+    loaded = model_kind.extraction(model, data_npz=data_npz, meta=meta, checkpoint=checkpoint, device=dev,
+                                   prepared=prepared)
+    picked = _pick(loaded.n_available, n, seed, loaded.available)
+    provenance = store.provenance_attrs(config_slice or {}, loaded.source_hash, code=code)
+    wanted = None if layers is None else set(layers)
     for out, sample in zip(outs, samples):
         idx = int(picked[sample])
-        attrs = {"model": model["name"], "kind": kind, "sample": int(sample)}
-        token_text, allowed = None, None
-        with torch.no_grad():
-            if kind == "txl":
-                toks = test[idx * tgt:(idx + 1) * tgt]
-                token_text = [meta["vocab"][t] for t in toks]
-                res = net(torch.from_numpy(toks)[None].to(dev), mems=None, return_attention=True)
-                scores, probs = res.scores[0], res.probs[0]
-                cfg = net.config
-                allowed = ~causal_mask(toks.size, 0, cfg.mem_len, cfg.same_length)
-            else:
-                img = vit_images({"test_images": arrays["test_images"][idx:idx + 1]}, meta, "test", size)
-                attrs["label"] = int(arrays["test_labels"][idx])
-                _, s, p = vit_attention(net, img.to(dev))
-                scores, probs = s[0], p[0]
-                toks = np.arange(-1, probs.shape[-1] - 1)  # -1 = class token, then patch index
-        attrs["source_index"] = idx
-        attrs.update(provenance)
-        n_model, n_heads, n_tok = probs.shape[0], probs.shape[1], probs.shape[-1]
-        _check_layers(layers, n_model)
-        _log_size(out, model["name"], sample, len(layers) if layers else n_model, len(heads) if heads else n_heads,
-                  n_tok, dtype)
-        with attention_writer(out, tokens=toks, attrs=attrs, dtype=dtype, heads=heads,
-                              token_text=token_text) as writer:
-            for layer in (range(n_model) if layers is None else sorted(layers)):
-                writer.write(layer, scores[layer], probs[layer], allowed)
+        item = loaded.sample(idx)
+        attrs = {"model": model["name"], "kind": kind, "sample": int(sample), **item.attrs, "source_index": idx,
+                 **provenance}
+        if item.n_layers:
+            _check_layers(layers, item.n_layers)
+        _log_size(out, model["name"], sample, len(layers) if layers else item.n_layers,
+                  len(heads) if heads else item.n_heads, item.n_tokens, dtype)
+        with attention_writer(out, tokens=item.tokens, attrs=attrs, dtype=dtype, heads=heads,
+                              token_text=item.token_text) as writer:
+            def on_layer(layer, scores, probs, allowed, n_kv_heads):
+                if wanted is None or layer in wanted:
+                    writer.write(layer, scores, probs, allowed, n_kv_heads)
+
+            n_model = item.run(on_layer)
+            _check_layers(layers, n_model)
             writer.finish(n_model)
         log.info("%s sample %d: source %d, %d layers x %d heads, %d tokens", model["name"], sample, idx,
-                 len(writer.layers), writer.kv_group.size, n_tok)
-
-
-def hf_hash(path: str, gguf_file: str | None = None) -> str:
-    """Hash of a local Hugging Face model's weight files, or of its GGUF file (provenance of
-    `hf` models)."""
-    directory, gguf_file = resolve_hf(path, gguf_file)
-    root = Path(directory)
-    if not root.is_dir():
-        return f"hub:{path}" + (f"/{gguf_file}" if gguf_file else "")
-    if gguf_file:
-        return store.file_sha256(root / gguf_file)
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*")):
-        if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
-            h.update(f.name.encode())
-            h.update(store.file_sha256(f).encode())
-    return h.hexdigest()
+                 len(writer.layers), writer.kv_group.size, item.n_tokens)

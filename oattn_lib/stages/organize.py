@@ -1,4 +1,4 @@
-"""Stage `organize`: the 3-D questionnaire of one sample (SPEC 3.2)."""
+"""Stage `organize`: the 3-D questionnaire of one sample (docs/method.md §5.2)."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +8,7 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import questionnaire3d
-from .common import network_array, on_device
+from .common import on_device, read_network
 
 log = logging.getLogger("oattn")
 
@@ -17,12 +17,13 @@ __all__ = ["organize", "organize_samples"]
 
 def organize(attention_store, out, quantity: str, crop=None, params: dict | None = None,
              config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
-    """Run the 3-D questionnaire on one sample and store trees and affinities (SPEC 3.2), on the
+    """Run the 3-D questionnaire on one sample and store trees and affinities (docs/method.md §5.2), on the
     device `device` resolves to (`runtime.resolve_device`)."""
     params = dict(params or {})
-    attrs, coords, a = network_array(attention_store, quantity, crop)
-    org = questionnaire3d(on_device(a, device), **params)
-    del a
+    net = read_network(attention_store, quantity, crop)
+    attrs, coords = net.attrs, net.coords
+    org = questionnaire3d(on_device(net.array, device), **params)
+    del net
     out_ds = xr.Dataset(
         {"tree_q": (("level_q", "query"), org.tree_q.labels),
          "tree_k": (("level_k", "key"), org.tree_k.labels),

@@ -1,4 +1,4 @@
-"""Stage `prune`: the head-ablation study of one model (issue 6): Figure 7, Tables 3 and 4.
+"""Stage `prune`: the head-ablation study of one model (docs/method.md §11): Figure 7, Tables 3 and 4.
 
 Every ranking of `oattn_lib.ablation` scores the heads on the extracted samples; its first k
 heads are masked (`models.gating`) and the network is measured on held-out data that shares
@@ -20,12 +20,9 @@ from .. import store
 from ..ablation import (ATTN_ENTROPY, CONFIDENCE, GRADIENT, HAAR_HIGH, HAAR_LOW, METRICS, PERPLEXITY, RANDOM,
                         RANKINGS, HeldOut, attention_confidence, attention_entropy, curve_summary, evaluate_masks,
                         gradient_importance, lowest_first, mask_counts, masks_from_order, normalize_per_layer,
-                        random_order, ranking_stability, reference_embeddings)
-from ..data.images import vit_images
-from ..models.checkpoint import load_trained
-from ..models.gating import head_layout, register_gated_attention
+                        random_order, ranking_stability)
+from ..models import adapter_for
 from ..runtime import resolve_device
-from ..store import load_npz
 
 log = logging.getLogger("oattn")
 
@@ -62,34 +59,6 @@ class _Measured:
 
 
 # -- inputs -------------------------------------------------------------------------------------
-def _load(kind: str, model_cfg: dict, meta: dict, checkpoint, dev):
-    """(model in eval mode on `dev`, tokenizer or None, its HeadLayout). An hf model whose
-    attention is causal is loaded again with its language-model head: a decoder is measured
-    by what it is for, next-token perplexity (objective `lm`), not by its hidden states."""
-    if kind == "hf":
-        from ..models.hf import load_hf
-
-        net, tok = load_hf(model_cfg["path"], device=dev)
-        net.set_attn_implementation(register_gated_attention())  # = the recording attention until gated
-        layout = head_layout(net, kind)
-        if layout.causal:
-            del net
-            net, tok = load_hf(model_cfg["path"], device=dev, causal_lm=True)
-            net.set_attn_implementation(register_gated_attention())
-            layout = head_layout(net, kind)
-            if layout.objective != "lm":
-                raise ValueError(f"model {model_cfg['path']!r}: its attention is causal but it loads with no "
-                                 "language-model head; its heads cannot be scored by perplexity")
-        log.info("%s: %d layers x %d heads, measured as %s", model_cfg["name"], *layout.shape, layout.objective)
-        return net, tok, layout
-    if kind == "txl":
-        net, _ = load_trained(checkpoint, n_token=len(meta["vocab"]))
-    else:
-        net, _ = load_trained(checkpoint, image_size=model_cfg["data"]["image_size"])
-    net = net.to(dev).eval()
-    return net, None, head_layout(net, kind)
-
-
 def _read_samples(attention_stores: list, entropy_store) -> tuple[list, np.ndarray, dict]:
     """The extracted samples (their attention stores' tokens, coordinates and attributes, without
     the attention itself), their Haar entropies (sample, layer, head) and the attention-based
@@ -109,115 +78,6 @@ def _read_samples(attention_stores: list, entropy_store) -> tuple[list, np.ndarr
         raise ValueError(f"entropy store has {haar.shape[0]} samples but {len(attention)} attention stores "
                          "were given")
     return attention, haar, {k: np.stack(v) for k, v in stats.items()}
-
-
-def _ranking_samples(kind: str, model_cfg: dict, attention: list, arrays: dict, meta: dict):
-    """The extracted samples (what every ranking is computed on) and their source ids."""
-    if kind == "txl":
-        T = attention[0].sizes["query"]
-        test = arrays["test"]
-        idx = np.array([int(a.attrs["source_index"]) for a in attention])
-        for a, i in zip(attention, idx):
-            if not np.array_equal(test[i * T:(i + 1) * T], a["token"].values):
-                raise ValueError(f"sample {a.attrs.get('sample')}: its tokens are not test segment {i}; "
-                                 "the dataset changed since extraction")
-        if (idx + 1).max() * T + 1 > test.size:
-            raise ValueError("the last extracted test segment has no next token to predict")
-        wins = np.stack([test[i * T:(i + 1) * T + 1] for i in idx])
-        return HeldOut(torch.from_numpy(wins.astype(np.int64))), idx
-    if kind == "vit":
-        idx = np.array([int(a.attrs["source_index"]) for a in attention])
-        labels = arrays["test_labels"][idx]
-        stored = [a.attrs.get("label") for a in attention]
-        if any(s is not None and int(s) != int(l) for s, l in zip(stored, labels)):
-            raise ValueError("the extracted samples' labels do not match the test images; the dataset "
-                             "changed since extraction")
-        imgs = vit_images({"test_images": arrays["test_images"][idx]}, meta, "test", model_cfg["data"]["image_size"])
-        return HeldOut(imgs.float(), torch.from_numpy(labels.astype(np.int64))), idx
-    ids = np.stack([a["token"].values for a in attention]).astype(np.int64)
-    return HeldOut(torch.from_numpy(ids)), None
-
-
-def _txl_held_out(test: np.ndarray, T: int, used: np.ndarray, n: int, rng) -> tuple[HeldOut, np.ndarray]:
-    """Test windows of T + 1 tokens (T inputs, T targets) sharing no token with the
-    rankings' windows [i T, (i + 1) T] (so neighbours of a used segment are left out too)."""
-    n_seg = (test.size - 1) // T
-    banned = set()
-    for i in used:
-        banned.update((int(i) - 1, int(i), int(i) + 1))
-    free = np.array([i for i in range(n_seg) if i not in banned])
-    if free.size == 0:
-        raise ValueError("prune.held_out.txl_segments: no test segment is left after the extracted ones")
-    pick = np.sort(rng.choice(free, size=min(n, free.size), replace=False))
-    return HeldOut(torch.from_numpy(np.stack([test[i * T:(i + 1) * T + 1] for i in pick]).astype(np.int64))), pick
-
-
-def _vit_held_out(arrays, meta, size: int, used: np.ndarray, n: int, rng) -> tuple[HeldOut, np.ndarray]:
-    free = np.setdiff1d(np.arange(arrays["test_labels"].shape[0]), used)
-    pick = np.sort(rng.choice(free, size=min(n, free.size), replace=False))
-    imgs = vit_images({"test_images": arrays["test_images"][pick]}, meta, "test", size)
-    return HeldOut(imgs.float(), torch.from_numpy(arrays["test_labels"][pick].astype(np.int64))), pick
-
-
-def _special_tokens(tokenizer) -> tuple[list, list]:
-    """The ids the tokenizer puts before and after a single text ([CLS] / [SEP] for BERT)."""
-    plain = list(tokenizer("a b", add_special_tokens=False)["input_ids"])
-    full = list(tokenizer("a b")["input_ids"])
-    for i in range(len(full) - len(plain) + 1):
-        if full[i:i + len(plain)] == plain:
-            return full[:i], full[i + len(plain):]
-    raise ValueError(f"tokenizer: cannot locate the text between its special tokens ({full} vs {plain})")
-
-
-def _hf_held_out(tokenizer, texts: list, sample_ids: np.ndarray, max_length: int, n: int, rng):
-    """Windows of exactly max_length tokens (special tokens included) cut from the held-out
-    texts that are not among the extracted samples (matched by their token ids)."""
-    first = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
-    extracted = {tuple(int(x) for x in s) for s in sample_ids}
-    used = [i for i, ids in enumerate(first) if tuple(ids) in extracted]
-    if len({tuple(first[i]) for i in used}) != len(extracted):
-        raise ValueError("the extracted samples are not among the dataset's held-out texts; the dataset "
-                         "changed since extraction")
-    prefix, suffix = _special_tokens(tokenizer)
-    body = max_length - len(prefix) - len(suffix)
-    if body < 1:
-        raise ValueError(f"extract.max_length: {max_length} leaves no room for text between special tokens")
-    windows, source = [], []
-    for i, t in enumerate(texts):
-        if i in used:
-            continue
-        ids = tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]
-        for s in range(0, len(ids) - body + 1, body):
-            windows.append(prefix + list(ids[s:s + body]) + suffix)
-            source.append(i)
-    if not windows:
-        raise ValueError(f"prune.held_out.hf_windows: no held-out text has {max_length} tokens")
-    pick = np.sort(rng.choice(len(windows), size=min(n, len(windows)), replace=False))
-    return torch.tensor([windows[i] for i in pick], dtype=torch.long), sorted({source[i] for i in pick}), used
-
-
-def _held_out(kind: str, model_cfg: dict, net, tok, layout, arrays: dict, meta: dict, samples: HeldOut, used,
-              held_out: dict, rng, batch_size: int) -> HeldOut:
-    """The held-out examples the masked networks are measured on, disjoint from `samples`
-    (whose source ids are `used`)."""
-    if kind == "txl":
-        T = samples.inputs.shape[1] - 1
-        data, picked = _txl_held_out(arrays["test"], T, used, held_out["txl_segments"], rng)
-        log.info("held out: %d test segments of %d tokens (segments %s), none within one segment of the "
-                 "extracted segments %s", len(data), T, picked.tolist(), used.tolist())
-        return data
-    if kind == "vit":
-        data, picked = _vit_held_out(arrays, meta, model_cfg["data"]["image_size"], used, held_out["vit_images"], rng)
-        log.info("held out: %d test images, none of the extracted images %s", len(data), used.tolist())
-        return data
-    max_len = samples.inputs.shape[1]
-    ids, texts_used, extracted = _hf_held_out(tok, meta["test_texts"], samples.inputs.numpy(), max_len,
-                                              held_out["hf_windows"], rng)
-    # a causal LM predicts its windows' next tokens; an encoder is compared with its unmasked self
-    data = HeldOut(ids, None if layout.objective == "lm" else reference_embeddings(net, layout, ids, batch_size))
-    log.info("held out: %d windows of %d tokens from texts %s; the extracted samples are texts %s",
-             len(data), max_len, texts_used, extracted)
-    return data
 
 
 # -- the study ----------------------------------------------------------------------------------
@@ -278,7 +138,7 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
           entropy_store, outs: dict, *, fraction_step: float, random_seeds: int, seed: int, held_out: dict,
           grad_projections: int, batch_size: int, tolerance: float, stability_fraction: float,
           device) -> None:
-    """Head-ablation study of one model (issue 6): Figure 7, Tables 3 and 4, the curves.
+    """Head-ablation study of one model (docs/method.md §11): Figure 7, Tables 3 and 4, the curves.
 
     model_cfg: the model's `name`, its `path` (hf) and `data.image_size` (vit); the keyword
     arguments are the config's `prune` section (the schema's defaults filled in) and `device`.
@@ -286,18 +146,21 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
     the report captions include), `fig7` (png), `table3_csv`, `table3_md`, `table4_csv`,
     `table4_md`.
     """
+    model_kind = adapter_for(kind)
+    if not model_kind.prunes:
+        raise model_kind.unsupported("have its heads masked (prune)", model_cfg.get("name"))
     dev = resolve_device(device)
     meta = json.loads(Path(data_meta).read_text())
-    arrays = load_npz(data_npz) if kind != "hf" else {}
     attention, haar, attn_stats = _read_samples(attention_stores, entropy_store)
-    net, tok, layout = _load(kind, model_cfg, meta, checkpoint, dev)
+    loaded = model_kind.ablation(model_cfg, data_npz=data_npz, meta=meta, checkpoint=checkpoint, device=dev)
+    net, layout = loaded.net, loaded.layout
     if haar.shape[1:] != layout.shape:
         raise ValueError(f"entropy store has {haar.shape[1:]} (layer, head), the model {layout.shape}")
     rng = np.random.default_rng(seed)
 
     batch_size = _rows_per_pass(batch_size, layout, attention[0].sizes["query"])
-    samples, used = _ranking_samples(kind, model_cfg, attention, arrays, meta)
-    data = _held_out(kind, model_cfg, net, tok, layout, arrays, meta, samples, used, held_out, rng, batch_size)
+    samples, used = loaded.ranking_samples(attention)
+    data, _ = loaded.held_out(samples, used, held_out, rng, batch_size)
     per_sample, mean_scores = _scores(net, layout, samples, attn_stats, haar, grad_projections, seed, batch_size)
     n_units = layout.n_layer * layout.n_head
     orders = _orders(mean_scores, n_units, random_seeds, seed)

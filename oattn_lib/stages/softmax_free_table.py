@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import plots, store
-from ..softmax_free import fig8_softmax_free, table5_frame, table5_markdown
+from ..softmax_free import table5_frame, table5_markdown
 
 log = logging.getLogger("oattn")
 
@@ -39,5 +39,5 @@ def table5(runs: list[dict], out_csv, out_md, out_fig) -> None:
     df, dists = table5_frame(loaded)
     store.atomic_write_text(out_csv, df.to_csv(index=False))
     store.atomic_write_text(out_md, table5_markdown(df))
-    plots.save(fig8_softmax_free(dists), out_fig)
+    plots.save(plots.fig8_softmax_free(dists), out_fig)
     log.info("Table 5: %d rows over %d runs", len(df), len(runs))

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import torch
 
-from .. import train as trainlib
-from ..data.images import vit_images
-from ..models.checkpoint import build_model, save_checkpoint
+from ..models import adapter_for
+from ..models.checkpoint import save_checkpoint
 from ..runtime import resolve_device
 from ..store import load_npz
 from ..tensor_attention import parse_attention
@@ -36,42 +35,23 @@ def train_run(kind: str, arch: dict, train: dict, data: dict, data_npz, data_met
     the run as diverged and leaves its heads out.
     """
     parse_attention(attention)  # a ValueError naming `attention` before any work
-    if kind not in ("txl", "vit"):
-        raise ValueError(f"kind: {kind!r} is not trained by the experiment (allowed: txl, vit)")
-    if kind == "vit" and arch["variant"] != "custom":
-        raise ValueError(f"arch.variant: {arch['variant']!r}; the experiment trains the custom ViT only")
+    model_kind = adapter_for(kind)
+    problem = model_kind.retrain_problem(arch)
+    if problem:
+        raise ValueError(problem)
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps: expected an integer >= 0, got {steps!r}")
     dev = resolve_device(device)
     arch = {**arch, "attention": attention}
     arrays, meta = load_npz(data_npz), json.loads(Path(data_meta).read_text())
-    size = data["image_size"] if kind == "vit" else None
 
     def initial_model():
         torch.manual_seed(seed)
-        if kind == "txl":
-            return build_model(kind, arch, n_token=len(meta["vocab"]))
-        return build_model(kind, arch, image_size=size)
+        return model_kind.build(arch, data, meta)
 
     model = initial_model()
-    if kind == "txl":
-        n_steps = steps or train["steps"]
-        res = trainlib.train_txl(model, torch.from_numpy(arrays["train"]), torch.from_numpy(arrays["valid"]),
-                                 steps=n_steps, batch_size=train["batch_size"], lr=train["lr"],
-                                 warmup=train["warmup"], seed=seed, device=dev, log=log, progress=False)
-        metrics = {"valid_ppl": res["valid_ppl"], "unigram_ppl": res["unigram_ppl"]}
-        value = res["valid_ppl"]
-    else:
-        length = {"steps": steps} if steps else {"epochs": train["epochs"]}
-        res = trainlib.train_vit(model, vit_images(arrays, meta, "train", size),
-                                 torch.from_numpy(arrays["train_labels"]),
-                                 vit_images(arrays, meta, "test", size), torch.from_numpy(arrays["test_labels"]),
-                                 batch_size=train["batch_size"], lr=train["lr"], seed=seed, device=dev,
-                                 log=log, progress=False, **length)
-        metrics = {"test_accuracy": res["test_accuracy"]}
-        value = res["test_accuracy"]
-        n_steps = steps or train["epochs"] * math.ceil(arrays["train_labels"].shape[0] / train["batch_size"])
-    hist = res["history"]
+    metrics, value, n_steps, hist = model_kind.retrain(model, arrays, meta, data, train, seed=seed, steps=steps,
+                                                       device=dev)
     diverged = not (math.isfinite(value) and all(math.isfinite(h["loss"]) for h in hist))
     metrics.update(attention=attention, seed=seed, steps=n_steps,
                    seconds_per_step=hist[-1]["elapsed"] / n_steps if hist else float("nan"),

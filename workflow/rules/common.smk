@@ -4,16 +4,13 @@
 # sorted, numbers in the schema's types: oattn_lib.config.validate_config), so the params
 # of the rules compare by value: the same config written in another key order or number
 # form plans nothing.
-import ast
 import json
 import os
 import re
 
-from snakemake.settings.types import RerunTrigger
-
-from oattn_lib import softmax_free
+from oattn_lib import fingerprint, softmax_free
 from oattn_lib.config import batched_samples, prune_settings
-from oattn_lib.fingerprint import code_fingerprint, modules_fingerprint
+from oattn_lib.models import adapter
 from oattn_lib.runtime import KERNEL_MODULES
 from oattn_lib.models.files import is_gguf_model, resolve_hf
 
@@ -121,33 +118,13 @@ LIBRARY_ROOT = workflow.basedir if os.path.isdir(os.path.join(workflow.basedir, 
 
 
 def code_version(rule_name, script=None, modules=None):
-    """Param `code`: the fingerprint of the library code a rule's script runs
-    (oattn_lib.fingerprint), so that editing oattn_lib/questionnaire.py reruns organize and
-    what follows, and never training. Computed once here, at DAG build time. `modules`:
-    fingerprint these library modules instead of the script (rule kernels).
-
-    With the code trigger off (`--rerun-triggers mtime params input`), the param keeps the
-    value recorded with the rule's outputs, so a code edit reruns nothing.
-    """
+    """Param `code`: the fingerprint of the library code (and its declared assets) that the
+    rule's script scripts/<script>.py runs, or of the library `modules` (rule kernels), so that
+    editing oattn_lib/questionnaire.py reruns organize and what follows, and never training
+    (oattn_lib.fingerprint.code_version)."""
     script = script or rule_name
-    if modules is None:
-        fp = f"{script}:{code_fingerprint(os.path.join(workflow.basedir, 'scripts', f'{script}.py'), LIBRARY_ROOT)}"
-    else:
-        fp = f"{script}:{modules_fingerprint(modules, LIBRARY_ROOT)}"
-    prefix = repr(f"{script}:")[:-1]
-
-    def version(wildcards):
-        # the rerun triggers are known once the DAG is built, not while rules are parsed
-        settings = workflow.dag_settings
-        if settings is None or RerunTrigger.CODE in settings.rerun_triggers:
-            return fp
-        out = workflow.get_rule(rule_name).output[0].apply_wildcards(wildcards)
-        for value in workflow.persistence.params(out) or []:
-            if value.startswith(prefix):
-                return ast.literal_eval(value)
-        return fp
-
-    return version
+    path = None if modules is not None else os.path.join(workflow.basedir, "scripts", f"{script}.py")
+    return fingerprint.code_version(workflow, rule_name, script, script=path, modules=modules, root=LIBRARY_ROOT)
 
 
 def model_data(wildcards):
@@ -188,7 +165,9 @@ def prepare_mem_mb(wildcards, input, attempt):
 
 
 def checkpoint_input(wildcards):
-    if ANALYSED[wildcards.model]["kind"] == "hf":
+    """The trained checkpoint a model's extract and prune jobs read ([] for a kind the workflow
+    does not train)."""
+    if not adapter(ANALYSED[wildcards.model]).trains:
         return []
     return f"{R}/{wildcards.model}/model/checkpoint.pt"
 
@@ -290,35 +269,25 @@ CIFAR10_FILES = [
 ]
 
 
+DATASET_FILES = {"wikitext103": WIKITEXT103_FILES, "cifar10": CIFAR10_FILES}
+
+
 def dataset_files(wildcards):
     """The downloaded files a model's prepare_data reads ([] for stdlib text and digits)."""
     m = MODELS[wildcards.model]
-    data = m.get("data", {})
-    if m["kind"] in ("txl", "hf") and data.get("corpus") == "wikitext103":
-        return WIKITEXT103_FILES
-    if m["kind"] == "vit" and data.get("dataset") == "cifar10":
-        return CIFAR10_FILES
-    return []
+    return [f for name in adapter(m).datasets(m) for f in DATASET_FILES[name]]
 
 
-def _vit_b_16_weights_file():
-    # imported only when a model needs the weights: torch's import costs seconds per job
-    if not any(m["kind"] == "vit" and m.get("pretrained") for m in MODELS.values()):
-        return None
-    from oattn_lib.models.vit import vit_b_16_weights_path
-
-    return str(vit_b_16_weights_path())
-
-
-VIT_B_16_WEIGHTS = _vit_b_16_weights_file()
+# the weights file each model's training starts from (None: none); a kind looks its file up
+# only for a model that needs it (torch's import costs seconds per job)
+PRETRAINED = {name: adapter(m).pretrained_weights(m) for name, m in MODELS.items()}
+# the torchvision ViT-B/16 weights: the only pretrained weights a model starts from
+VIT_B_16_WEIGHTS = next((f for f in PRETRAINED.values() if f), None)
 
 
 def pretrained_weights(wildcards):
     """The torchvision weights file a model's train job starts from ([] unless pretrained)."""
-    m = MODELS[wildcards.model]
-    if m["kind"] == "vit" and m.get("pretrained") and VIT_B_16_WEIGHTS:
-        return VIT_B_16_WEIGHTS
-    return []
+    return PRETRAINED[wildcards.model] or []
 
 
 def download_root(wildcards, output):
@@ -330,22 +299,16 @@ def download_root(wildcards, output):
 def prune_model_params(wildcards):
     """What prune reads from a model's config: how to load it and read its data."""
     m = MODELS[wildcards.model]
-    out = {"name": m["name"], "kind": m["kind"]}
-    if m["kind"] == "hf":
-        # a GGUF model is loaded from the directory prepare_model wrote (input `prepared`)
-        out["path"] = (
-            os.path.dirname(PREPARED["prepared"].format(model=m["name"])) if m["name"] in GGUF_MODELS else m["path"]
-        )
-    if m["kind"] == "vit":
-        out["data"] = {"image_size": m["data"]["image_size"]}
-    return out
+    # a GGUF model is loaded from the directory prepare_model wrote (input `prepared`)
+    prepared = os.path.dirname(PREPARED["prepared"].format(model=m["name"])) if m["name"] in GGUF_MODELS else None
+    return adapter(m).prune_params(m, prepared)
 
 
 # -- summary (report.smk) ----------------------------------------------------------------
 def summary_inputs(wildcards):
     inputs = {}
     for name, m in MODELS.items():
-        if m["kind"] != "hf":
+        if adapter(m).trains:
             inputs[f"metrics_{name}"] = f"{R}/{name}/model/metrics.json"
         inputs[f"table1_{name}"] = f"{R}/{name}/tables/table1.md"
         inputs[f"table2_{name}"] = f"{R}/{name}/tables/table2.md"

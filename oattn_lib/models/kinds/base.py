@@ -1,0 +1,151 @@
+"""The protocol every kind of model implements (`ModelKind`) and what its methods return
+(`Sample`, `Extraction`, `Ablation`), and `Unsupported`. The package's docstring describes the
+protocol; `oattn_lib.models.kinds` holds the registry."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation"]
+
+
+class Unsupported(ValueError):
+    """A model was asked for what its kind cannot do; the message names the model (or the kind)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One extraction input, ready to run through the model.
+
+    tokens: (n_tokens,) the store's `token` coordinate; token_text: their text (None: none);
+    attrs: attributes the kind adds to the store (vit: `label`); n_layers, n_heads: the
+    model's, as known before `run` (0: unknown); run(on_layer) runs the model and calls
+    on_layer(layer, scores, probs, allowed, n_kv_heads) for every attention layer in
+    increasing order, scores and probs (head, query, key), allowed (query, key) bool or None,
+    n_kv_heads None without grouped-query attention; it returns the model's number of layers.
+    """
+
+    tokens: Any
+    token_text: list | None
+    attrs: dict
+    n_tokens: int
+    n_layers: int
+    n_heads: int
+    run: Callable[[Callable], int] = field(repr=False)
+
+
+class Extraction(ABC):
+    """A model loaded for extraction: `n_available` candidate inputs (described by `available`,
+    for errors), its weights' hash `source_hash` (provenance) and `sample(i)`, candidate i."""
+
+    n_available: int
+    available: str
+    source_hash: str
+
+    @abstractmethod
+    def sample(self, index: int) -> Sample:
+        """Candidate `index` (0..n_available - 1) as a `Sample`."""
+
+
+class Ablation(ABC):
+    """A model loaded for the head-ablation study: `net` in eval mode and its `layout`
+    (`models.gating.HeadLayout`)."""
+
+    net: Any
+    layout: Any
+
+    @abstractmethod
+    def ranking_samples(self, attention: list) -> tuple[Any, Sequence[int]]:
+        """(`ablation.HeldOut` of the extracted samples the rankings are computed on, their
+        source ids), from the samples' attention stores (datasets without the attention)."""
+
+    @abstractmethod
+    def held_out(self, samples, used: Sequence[int], settings: dict, rng, batch_size: int) -> tuple[Any, Sequence[int]]:
+        """(`ablation.HeldOut` the masked networks are measured on, its source ids): disjoint
+        from `samples`, whose source ids are `used`. settings: the config's `prune.held_out`."""
+
+
+class ModelKind(ABC):
+    """What the workflow does with a model of one kind (see the module's docstring)."""
+
+    name: ClassVar[str]
+    trains: ClassVar[bool] = False
+    prunes: ClassVar[bool] = False
+    image_patches: ClassVar[bool] = False
+    typical_quantity: ClassVar[str] = "probs"
+
+    def unsupported(self, what: str, model: str | None = None) -> Unsupported:
+        """The error for a request this kind cannot serve: `what` it cannot do, for `model`."""
+        who = f"model {model!r} (kind {self.name})" if model else f"kind {self.name!r}"
+        return Unsupported(f"{who}: a {self.name} model cannot {what}")
+
+    # -- the config and the rules (no torch) --------------------------------------------------
+    @abstractmethod
+    def n_tokens(self, model: dict) -> int | None:
+        """Tokens per sample (query = key axis length, before `extract.crop`) when known
+        before running the model."""
+
+    @abstractmethod
+    def n_units(self, model: dict) -> tuple[int, int] | None:
+        """(layers, heads) of the model when known before running it."""
+
+    def config_problem(self, model: dict, index: int) -> str | None:
+        """What is wrong with the entry `model` (config `models[index]`) for this kind, as a
+        message naming the key, or None."""
+        if model.get("gguf_file"):
+            return (f"models[{index}].gguf_file: only hf models load GGUF files, models[{index}] "
+                    f"({model['name']}) is {self.name}")
+        return None
+
+    def datasets(self, model: dict) -> list[str]:
+        """The downloaded datasets (`wikitext103`, `cifar10`) the model's data is built from."""
+        return []
+
+    def pretrained_weights(self, model: dict) -> str | None:
+        """The weights file the model's training starts from (None: none)."""
+        return None
+
+    def prune_params(self, model: dict, prepared: str | None) -> dict:
+        """What the prune stage reads of the entry: how to load the model and read its data.
+        prepared: the directory prepare_model writes for the model (None: not prepared)."""
+        return {"name": model["name"], "kind": model["kind"]}
+
+    def retrain_problem(self, arch: dict) -> str | None:
+        """Why the softmax-free experiment cannot retrain a model of `arch`, naming the key;
+        None when it can."""
+        return f"kind: {self.name!r} is not trained by the experiment (allowed: txl, vit)"
+
+    def validation_metric(self) -> tuple[str, str]:
+        """(metrics key, label) of the quality measure its training reports."""
+        raise self.unsupported("be trained here, so it has no validation metric")
+
+    # -- the stages ---------------------------------------------------------------------------
+    @abstractmethod
+    def prepare_data(self, data: dict, data_root) -> tuple[dict, dict]:
+        """(arrays, meta) of the model's dataset from its `data` config slice: the arrays the
+        stage saves as npz and the JSON-able meta."""
+
+    def build(self, arch: dict, data: dict, meta: dict, pretrained: bool = False):
+        """An untrained network of `arch` (torch's global generator initialises it)."""
+        raise self.unsupported("be built or trained by the workflow")
+
+    def train(self, net, arrays: dict, meta: dict, data: dict, train: dict, device) -> tuple[dict, list]:
+        """Train `net` as the workflow's `train` stage does: (metrics, loss history)."""
+        raise self.unsupported("be trained by the workflow")
+
+    def retrain(self, net, arrays: dict, meta: dict, data: dict, train: dict, *, seed: int, steps: int,
+                device) -> tuple[dict, float, int, list]:
+        """Train `net` as one softmax-free run: (metrics, the validation metric's value, optimizer
+        steps, loss history)."""
+        raise self.unsupported("be trained by the softmax-free experiment")
+
+    @abstractmethod
+    def extraction(self, model: dict, *, data_npz, meta: dict, checkpoint, device, prepared=None) -> Extraction:
+        """The model of entry `model` loaded on `device` for extraction. checkpoint: its trained
+        weights (kinds that train); prepared: the directory prepare_model wrote (GGUF)."""
+
+    def ablation(self, model: dict, *, data_npz, meta: dict, checkpoint, device) -> Ablation:
+        """The model of entry `model` loaded on `device` for the head-ablation study."""
+        raise self.unsupported("have its heads masked (prune)", model.get("name"))

@@ -1,0 +1,89 @@
+"""`stages.common.read_network`: the one reader of a sample's network tensor (query, key, unit)
+that organize, decompose and the explorer share. A unit is a stored (layer, head) pair, layer-major;
+a store may hold a subset of the model's layers and heads (extract.layers / extract.heads), so the
+units carry the model's indices, not positions."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from oattn_lib import store
+from oattn_lib.stages.common import read_network
+
+LAYERS, HEADS, N = [1, 3], [0, 2, 5], 6
+
+
+def _dataset(kv=True) -> xr.Dataset:
+    rng = np.random.default_rng(4)
+    dims = ("layer", "head", "query", "key")
+    shape = (len(LAYERS), len(HEADS), N, N)
+    coords = {"layer": LAYERS, "head": HEADS, "query": np.arange(N), "key": np.arange(N)}
+    if kv:  # grouped-query: heads 0 and 2 share key/value head 0, head 5 has 1
+        coords["kv_group"] = ("head", np.array([0, 0, 1]))
+    return xr.Dataset({"scores": (dims, rng.normal(size=shape).astype(np.float32)),
+                       "probs": (dims, rng.random(size=shape).astype(np.float32))},
+                      coords=coords, attrs={"model": "m", "sample": 3})
+
+
+@pytest.fixture
+def written(tmp_path):
+    ds = _dataset()
+    path = tmp_path / "sample3.zarr"
+    store.write_store(ds, path)
+    return ds, path
+
+
+@pytest.mark.parametrize("quantity", ["scores", "probs"])
+def test_units_are_the_stored_heads_layer_major_with_the_models_indices(written, quantity):
+    ds, path = written
+    net = read_network(path, quantity)
+    assert net.array.shape == (N, N, len(LAYERS) * len(HEADS))
+    assert net.array.dtype == np.float32 and net.array.flags.c_contiguous
+    np.testing.assert_array_equal(net.unit_layer, [1, 1, 1, 3, 3, 3])
+    np.testing.assert_array_equal(net.unit_head, [0, 2, 5, 0, 2, 5])
+    np.testing.assert_array_equal(net.coords["unit_kv_group"][1], [0, 0, 1, 0, 0, 1])
+    for u, (layer, head) in enumerate(zip(net.unit_layer, net.unit_head)):
+        want = ds[quantity].sel(layer=layer, head=head).values  # (query, key): not transposed
+        np.testing.assert_array_equal(net.array[:, :, u], want)
+        np.testing.assert_array_equal(net.head(layer, head), want)
+    assert net.attrs["model"] == "m" and net.attrs["sample"] == 3
+
+
+def test_a_path_and_an_opened_dataset_give_the_same_network(written):
+    ds, path = written
+    a, b = read_network(path, "probs", (1, 5)), read_network(ds, "probs", (1, 5))
+    np.testing.assert_array_equal(a.array, b.array)
+    for key in ("query", "key"):
+        np.testing.assert_array_equal(a.coords[key], b.coords[key])
+
+
+def test_crop_keeps_the_same_rows_and_columns(written):
+    ds, path = written
+    net = read_network(path, "scores", (2, 5))
+    assert net.array.shape[:2] == (3, 3)
+    np.testing.assert_array_equal(net.coords["query"], [2, 3, 4])
+    np.testing.assert_array_equal(net.head(3, 5), ds["scores"].sel(layer=3, head=5).values[2:5, 2:5])
+
+
+def test_without_kv_groups_there_is_no_kv_coordinate(tmp_path):
+    store.write_store(_dataset(kv=False), tmp_path / "s.zarr")
+    assert "unit_kv_group" not in read_network(tmp_path / "s.zarr", "probs").coords
+
+
+def test_bad_input_is_named(written, tmp_path):
+    ds, path = written
+    with pytest.raises(ValueError, match="quantity: must be 'scores' or 'probs', got 'logits'"):
+        read_network(path, "logits")
+    with pytest.raises(ValueError, match=r"extract.crop: \(4, 9\) does not fit 6 tokens"):
+        read_network(path, "probs", (4, 9))
+    with pytest.raises(KeyError, match="layer 2, head 0: not a stored head"):
+        read_network(path, "probs").head(2, 0)
+    with pytest.raises(KeyError, match="no variable 'scores'"):
+        read_network(ds.drop_vars("scores"), "scores")
+    bad = ds.copy(deep=True)
+    bad["probs"][1, 2, 0, 4] = np.nan
+    store.write_store(bad, tmp_path / "bad.zarr")
+    with pytest.raises(store.StoreError, match=r"bad\.zarr.*probs"):
+        read_network(tmp_path / "bad.zarr", "probs")
+    read_network(tmp_path / "bad.zarr", "scores")  # only the quantity read is checked
