@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-__all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation"]
+__all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation", "forward_layers"]
 
 
 class Unsupported(ValueError):
@@ -34,6 +34,17 @@ class Sample:
     n_layers: int
     n_heads: int
     run: Callable[[Callable], int] = field(repr=False)
+
+
+def forward_layers(scores, probs, allowed=None) -> Callable[[Callable], int]:
+    """`Sample.run` of a model that computed every layer in one forward pass: scores and probs
+    (layer, head, query, key), allowed (query, key) bool or None, handed on one layer at a time."""
+    def run(on_layer) -> int:
+        for layer in range(probs.shape[0]):
+            on_layer(layer, scores[layer], probs[layer], allowed, None)
+        return probs.shape[0]
+
+    return run
 
 
 class Extraction(ABC):

@@ -10,7 +10,7 @@ import logging
 
 import numpy as np
 
-from .base import Ablation, Extraction, ModelKind, Sample
+from .base import Ablation, Extraction, ModelKind, Sample, forward_layers
 
 log = logging.getLogger("oattn")
 
@@ -87,17 +87,15 @@ class _TXLExtraction(Extraction):
 
     def __init__(self, model: dict, data_npz, meta: dict, checkpoint, device):
         from ... import store
-        from ..checkpoint import build_model, load_checkpoint
+        from ..checkpoint import load_trained
 
-        ck = load_checkpoint(checkpoint)
         self.test = store.load_npz(data_npz)["test"]
         self.vocab = meta["vocab"]
-        self.net = build_model("txl", ck["arch"], n_token=len(meta["vocab"]))
+        net, ck = load_trained(checkpoint, n_token=len(meta["vocab"]))
+        self.net = net.to(device).eval()
         self.tgt = ck["arch"]["tgt_len"]
         self.n_available = self.test.size // self.tgt
         self.available = f"test segments of {self.tgt} tokens"
-        self.net.load_state_dict(ck["state_dict"])
-        self.net.to(device).eval()
         self.device = device
         self.source_hash = store.file_sha256(checkpoint)
 
@@ -114,14 +112,7 @@ class _TXLExtraction(Extraction):
             cfg = self.net.config
             allowed = ~causal_mask(toks.size, 0, cfg.mem_len, cfg.same_length)
         return Sample(toks, token_text, {}, probs.shape[-1], probs.shape[0], probs.shape[1],
-                      lambda on_layer: _stream(scores, probs, allowed, on_layer))
-
-
-def _stream(scores, probs, allowed, on_layer) -> int:
-    """Every layer of one forward's (layer, head, query, key) scores and probs, in order."""
-    for layer in range(probs.shape[0]):
-        on_layer(layer, scores[layer], probs[layer], allowed, None)
-    return probs.shape[0]
+                      forward_layers(scores, probs, allowed))
 
 
 class _TXLAblation(Ablation):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Ablation, Extraction, ModelKind, Sample
+from .base import Ablation, Extraction, ModelKind, Sample, forward_layers
 
 log = logging.getLogger("oattn")
 
@@ -140,17 +140,15 @@ class _ViTExtraction(Extraction):
 
     def __init__(self, model: dict, data_npz, meta: dict, checkpoint, device):
         from ... import store
-        from ..checkpoint import build_model, load_checkpoint
+        from ..checkpoint import load_trained
 
-        ck = load_checkpoint(checkpoint)
         self.arrays = store.load_npz(data_npz)
         self.meta = meta
         self.size = model["data"]["image_size"]
-        self.net = build_model("vit", ck["arch"], image_size=self.size)
+        net, _ = load_trained(checkpoint, image_size=self.size)
+        self.net = net.to(device).eval()
         self.n_available = self.arrays["test_labels"].shape[0]
         self.available = "test images"
-        self.net.load_state_dict(ck["state_dict"])
-        self.net.to(device).eval()
         self.device = device
         self.source_hash = store.file_sha256(checkpoint)
 
@@ -167,13 +165,8 @@ class _ViTExtraction(Extraction):
             _, s, p = vit_attention(self.net, img.to(self.device))
             scores, probs = s[0], p[0]
             toks = np.arange(-1, probs.shape[-1] - 1)  # -1 = class token, then patch index
-
-        def run(on_layer) -> int:
-            for layer in range(probs.shape[0]):
-                on_layer(layer, scores[layer], probs[layer], None, None)
-            return probs.shape[0]
-
-        return Sample(toks, None, attrs, probs.shape[-1], probs.shape[0], probs.shape[1], run)
+        return Sample(toks, None, attrs, probs.shape[-1], probs.shape[0], probs.shape[1],
+                      forward_layers(scores, probs))
 
 
 class _ViTAblation(Ablation):
