@@ -4,5 +4,17 @@ The numerical core follows docs/method.md, one module per section: `trees` (§2)
 `haar` (§3), `emd` (§4), `questionnaire` (§5), `entropy` (§6), `paraproduct` (§7),
 `diffusion` (§8). Models, data and extraction live in `models`, `data`, `extract`;
 zarr storage in `store`; figures in `plots`.
+
+The Python API (`api`), on labelled xarray objects, is exported here and imported on first
+use (PEP 562), so `import oattn_lib` imports neither torch nor transformers:
+`extract` (attention of a Hugging Face model on prompts), `organize` (the 3-D
+questionnaire), `entropies` (Haar entropies and sparsity), `paraproduct_residual`
+(Theorem 1 on one head) and `explorer_page` (the interactive page). examples/api_tour.py
+walks through them.
 """
+from ._lazy import lazy_exports
+
 __version__ = "0.1.0"
+
+_EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "explorer_page")}
+__all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -10,9 +10,12 @@ DAG build time and never loads torch.
 What is hashed is each module's syntax tree without docstrings (`ast.dump`, no line
 numbers): editing a comment, a docstring or the layout changes nothing, editing code
 does. Parent packages' `__init__` modules count (importing a submodule runs them). A
-module that imports with `importlib` or declares lazy exports (a lazy package like
-`oattn_lib.data`, through `oattn_lib._lazy.lazy_exports`) pulls in
-every module of its package, since the static graph cannot see which it loads.
+module that imports with `importlib` pulls in every module of its package, since the
+static graph cannot see which it loads. So does a lazy package (like `oattn_lib.data`,
+through `oattn_lib._lazy.lazy_exports`) that is imported by name (`from oattn_lib.data
+import text_dataset`); a lazy package that is only the parent of an imported module
+(`oattn_lib` itself, whose `__init__` runs before `oattn_lib.stages.organize`) counts with
+its own code and eager imports, not its lazy exports, which load on attribute access only.
 
 Files of another language that a module or script reads (the explorer's `app.js` and
 `page.css`) count as its code: it declares them, file names relative to its own directory,
@@ -72,25 +75,43 @@ def _parse_text(text: str, filename: str) -> ast.Module:
                           f"line {exc.lineno})") from None
 
 
-def _module_imports(root: Path, name: str | None, path: Path) -> set[str]:
+@dataclasses.dataclass(frozen=True)
+class _Imports:
+    """The `oattn_lib` modules one module or script imports: `named`, those its code names (a
+    module, or a package whose attributes it uses: `from oattn_lib.data import text_dataset`,
+    `import oattn_lib`); `parents`, packages that only run their `__init__` because a module
+    under them is imported (`from oattn_lib import store` runs oattn_lib's); `lazy`, the
+    modules this package exports lazily (`lazy_exports`), which load on attribute access only."""
+    named: frozenset[str]
+    parents: frozenset[str]
+    lazy: frozenset[str]
+
+
+def _module_imports(root: Path, name: str | None, path: Path) -> _Imports:
     """`_imported_modules` of the file `path`, computed once per text of the file."""
-    return set(_imports_of_text(str(root), name, path.read_text(encoding="utf-8"), str(path)))
+    return _imports_of_text(str(root), name, path.read_text(encoding="utf-8"), str(path))
 
 
 @lru_cache(maxsize=4096)
-def _imports_of_text(root: str, name: str | None, text: str, filename: str) -> frozenset[str]:
-    return frozenset(_imported_modules(Path(root), name, _parse_text(text, filename)))
+def _imports_of_text(root: str, name: str | None, text: str, filename: str) -> _Imports:
+    return _imported_modules(Path(root), name, _parse_text(text, filename))
 
 
-def _imported_modules(root: Path, name: str | None, tree: ast.Module) -> set[str]:
+def _imported_modules(root: Path, name: str | None, tree: ast.Module) -> _Imports:
     """`oattn_lib` modules imported anywhere in `tree` (of module `name`, None for a script)."""
     package = None
     if name is not None:
         package = name if _is_package(root, name) else name.rpartition(".")[0]
-    found: set[str] = set()
+    named: set[str] = set()
+    lazy: set[str] = set()
+    imported: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
+            # `import a.b.c` binds `a`: every package on the way is reachable by attribute
+            for a in node.names:
+                if a.name.split(".")[0] == PACKAGE:
+                    parts = a.name.split(".")
+                    named.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 if package is None:
@@ -102,20 +123,30 @@ def _imported_modules(root: Path, name: str | None, tree: ast.Module) -> set[str
                 mod = node.module or ""
             if mod.split(".")[0] != PACKAGE:
                 continue
-            found.add(mod)
-            for alias in node.names:  # `from oattn_lib import store` names a module
-                if _module_file(root, f"{mod}.{alias.name}") is not None:
-                    found.add(f"{mod}.{alias.name}")
+            subs = {f"{mod}.{a.name}" for a in node.names if _module_file(root, f"{mod}.{a.name}") is not None}
+            named.update(subs)  # `from oattn_lib import store` names a module
+            if len(subs) < len(node.names):  # and any other name is an attribute of `mod`
+                named.add(mod)
+            else:
+                imported.add(mod)
         elif (isinstance(node, ast.Call) and package is not None
-              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                   or (isinstance(node.func, ast.Name) and node.func.id == "lazy_exports"))):
+              and isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"):
+            # importlib: the static graph cannot see which module of the package it loads
+            named.update(_package_modules(root, package))
+        elif (isinstance(node, ast.Call) and package is not None
+              and isinstance(node.func, ast.Name) and node.func.id == "lazy_exports"):
             # a lazy package (oattn_lib._lazy.lazy_exports) may import any of its modules
-            found.update(_package_modules(root, package))
+            lazy.update(_package_modules(root, package))
     # importing a submodule runs every parent package's __init__
-    for mod in list(found):
+    parents = set(imported)
+    for mod in named | imported:
         parts = mod.split(".")
-        found.update(".".join(parts[:i]) for i in range(1, len(parts)))
-    return {m for m in found if _module_file(root, m) is not None}
+        parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
+
+    def existing(mods):
+        return frozenset(m for m in mods if _module_file(root, m) is not None)
+
+    return _Imports(existing(named), existing(parents - named), existing(lazy))
 
 
 def _package_modules(root: Path, package: str) -> set[str]:
@@ -126,18 +157,27 @@ def _package_modules(root: Path, package: str) -> set[str]:
 def module_closure(script: str | os.PathLike, root: str | os.PathLike | None = None) -> list[str]:
     """Every `oattn_lib` module that `script` (a file) imports, transitively, sorted."""
     root = Path(root) if root is not None else library_root()
-    return _closure(root, _module_imports(root, None, Path(script).resolve()))
+    imports = _module_imports(root, None, Path(script).resolve())
+    return _closure(root, imports.named, imports.parents)
 
 
-def _closure(root: Path, modules) -> list[str]:
-    todo = list(modules)
+def _closure(root: Path, named, parents=()) -> list[str]:
+    """`named` and `parents` (as in `_Imports`) and what they import, transitively: a package
+    reached only as a parent adds its code and its own imports, not its lazy exports."""
+    todo = [(m, True) for m in named] + [(m, False) for m in parents]
     seen: set[str] = set()
+    full: set[str] = set()
     while todo:
-        mod = todo.pop()
-        if mod in seen:
+        mod, by_name = todo.pop()
+        if mod in full or (mod in seen and not by_name):
             continue
-        seen.add(mod)
-        todo.extend(_module_imports(root, mod, _module_file(root, mod)) - seen)
+        imports = _module_imports(root, mod, _module_file(root, mod))
+        if mod not in seen:
+            seen.add(mod)
+            todo += [(m, True) for m in imports.named] + [(m, False) for m in imports.parents]
+        if by_name:
+            full.add(mod)
+            todo += [(m, True) for m in imports.lazy]
     return sorted(seen)
 
 

@@ -65,6 +65,16 @@ def test_a_code_edit_changes_exactly_the_stages_that_run_it(project):
     assert changed == {"figures", "prune"}  # prune draws Figure 7
 
 
+def test_the_lazily_exported_api_is_in_no_stage(project):
+    """`oattn_lib` exports its Python API lazily: a stage imports modules under the package, which
+    runs its __init__ but never loads the API, so editing the API changes no stage's fingerprint
+    (a lazy package imported by name, like oattn_lib.data in prepare_data, still counts whole)."""
+    before = fingerprints(project)
+    assert not any("oattn_lib.api" in closure(project, s) for s in before)
+    edit(project / "oattn_lib" / "api.py", "def extract(", "def _edited():\n    return 1\n\n\ndef extract(")
+    assert fingerprints(project) == before
+
+
 def test_comments_docstrings_and_layout_do_not_count(project):
     before = fingerprints(project)
     q = project / "oattn_lib" / "questionnaire.py"

@@ -8,35 +8,45 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import questionnaire3d
-from .common import on_device, read_network
+from .common import Network, on_device, read_network
 
 log = logging.getLogger("oattn")
 
-__all__ = ["organize", "organize_samples"]
+__all__ = ["organize", "organized_dataset", "organize_samples"]
 
 
 def organize(attention_store, out, quantity: str, crop=None, params: dict | None = None,
              config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
     """Run the 3-D questionnaire on one sample and store trees and affinities (docs/method.md §5.2), on the
     device `device` resolves to (`runtime.resolve_device`)."""
-    params = dict(params or {})
     net = read_network(attention_store, quantity, crop)
-    attrs, coords = net.attrs, net.coords
-    org = questionnaire3d(on_device(net.array, device), **params)
+    out_ds = organized_dataset(net, quantity, params, config_slice=config_slice, code=code, device=device)
     del net
-    out_ds = xr.Dataset(
+    store.write_store(out_ds, out)
+    log.info("organized: levels q=%d k=%d h=%d", *(out_ds.sizes[f"level_{a}"] for a in "qkh"))
+
+
+def organized_dataset(net: Network, quantity: str, params: dict | None = None, *,
+                      config_slice: dict | None = None, code: str | None = None, device="cpu") -> xr.Dataset:
+    """The organized store's dataset (docs/method.md §12.1) of one sample's network tensor `net`
+    (`common.read_network`): the 3-D questionnaire's trees and affinities (docs/method.md §5.2) with
+    the units' coordinates. `params` are `questionnaire.questionnaire3d`'s keyword arguments.
+
+    Returns tree_q (level_q, query), tree_k (level_k, key), tree_h (level_h, unit) int64 labels;
+    affinity_q (query, query_), affinity_k (key, key_), affinity_h (unit, unit_) float32."""
+    attrs = net.attrs
+    org = questionnaire3d(on_device(net.array, device), **dict(params or {}))
+    return xr.Dataset(
         {"tree_q": (("level_q", "query"), org.tree_q.labels),
          "tree_k": (("level_k", "key"), org.tree_k.labels),
          "tree_h": (("level_h", "unit"), org.tree_h.labels),
          "affinity_q": (("query", "query_"), org.affinity_q.astype(np.float32)),
          "affinity_k": (("key", "key_"), org.affinity_k.astype(np.float32)),
          "affinity_h": (("unit", "unit_"), org.affinity_h.astype(np.float32))},
-        coords=coords,
+        coords=net.coords,
         attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind", "checkpoint_sha256")},
                **store.provenance_attrs(config_slice or {}, attrs.get("checkpoint_sha256"), code=code,
                                         quantity=quantity)})
-    store.write_store(out_ds, out)
-    log.info("organized: levels q=%d k=%d h=%d", org.tree_q.n_levels, org.tree_k.n_levels, org.tree_h.n_levels)
 
 
 def organize_samples(attention_stores: list, outs: list, quantity: str, crop=None, **kwargs) -> None:
