@@ -134,8 +134,11 @@ def recurrence_claim(model: str, jaccard_mean: float, n_heads: int, k: int, bott
 
 
 def paraproduct_claim(model: str, organized: float | None, original: float | None, random: float | None,
-                      crossover_text: str = "", paper: str = "") -> Claim:
-    """Claim 3 from the relative residuals at tau = 1 (None: not finite)."""
+                      crossover_text: str = "", paper: str = "", not_run: str | None = None) -> Claim:
+    """Claim 3 from the relative residuals at tau = 1 (None: not finite); `not_run`: why the
+    temperature figure was not computed (the claim is then not run)."""
+    if not_run:
+        return Claim(CLAIMS["paraproduct"], model, f"not run: {not_run}", paper, NOT_RUN)
     inf = float("inf")
     o, a, r = (inf if x is None or not np.isfinite(x) else float(x) for x in (organized, original, random))
     approximates = o <= APPROXIMATES
@@ -147,10 +150,12 @@ def paraproduct_claim(model: str, organized: float | None, original: float | Non
 
 
 def pruning_claim(model: str, auc_low: float | None, auc_random: float | None, auc_random_sd: float | None,
-                  higher_is_better: bool = True, metric: str = "held-out metric", paper: str = "") -> Claim:
-    """Claim 4 from Table 3's areas; None for `auc_low` means the prune stage was not run."""
+                  higher_is_better: bool = True, metric: str = "held-out metric", paper: str = "",
+                  not_run: str = "prune.enabled: false") -> Claim:
+    """Claim 4 from Table 3's areas; None for `auc_low` means the prune stage was not run, for the
+    reason `not_run`."""
     if auc_low is None or auc_random is None:
-        return Claim(CLAIMS["pruning"], model, "prune stage not run (prune.enabled: false)", paper, NOT_RUN)
+        return Claim(CLAIMS["pruning"], model, f"prune stage not run ({not_run})", paper, NOT_RUN)
     sign = 1.0 if higher_is_better else -1.0
     gain = sign * (float(auc_low) - float(auc_random))
     sd = float(auc_random_sd) if auc_random_sd is not None and np.isfinite(auc_random_sd) else 0.0

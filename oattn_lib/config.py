@@ -193,6 +193,7 @@ def validate_config(config: dict, schema_path: str) -> None:
     # defaults filled in by the schema take the same forms as given values
     coerce_config(config, schema)
     _complete_model_prune(config, schema)
+    _resolve_n_samples(config)
     check_config(config)
     ordered = canonical(copy.deepcopy(config))
     config.clear()
@@ -200,11 +201,12 @@ def validate_config(config: dict, schema_path: str) -> None:
 
 
 def n_tokens(model: dict) -> int | None:
-    """Tokens per sample (query = key axis length) when known before running the model."""
+    """Tokens per sample (query = key axis length) when known before running the model and the
+    same for every sample; None otherwise."""
     ex = model["extract"]
     n = adapter(model).n_tokens(model)
     crop = ex.get("crop")
-    if crop:
+    if crop and n is not None:
         n = min(n, crop[1]) - crop[0]
     return n
 
@@ -237,6 +239,8 @@ def batched_samples(model: dict, max_entries: int) -> bool:
     if max_entries <= 0:
         return False
     units, n = stored_units(model), n_tokens(model)
+    if n is None:  # samples of their own lengths: planned for the longest
+        n = adapter(model).max_tokens(model)
     if units is None or n is None:
         return False
     return n * n * len(units[0]) * len(units[1]) <= max_entries
@@ -267,6 +271,28 @@ def _complete_model_prune(config: dict, schema: dict) -> None:
             raise ConfigError(f"models[{i}] ({m['name']}).prune{'' if line.startswith('config') else '.'}"
                               f"{line.removeprefix('config')}")
         m["prune"] = merged
+
+
+def _resolve_n_samples(config: dict) -> None:
+    """`extract.n_samples: all` becomes the number of the model's inputs, and a number above it
+    is an error, where the inputs can be counted before the run (`ModelKind.n_candidates`)."""
+    for i, m in enumerate(config["models"]):
+        ex, where = m["extract"], f"models[{i}] ({m['name']}).extract.n_samples"
+        try:
+            available = adapter(m).n_candidates(m)
+        except ValueError:  # the kind's own check (check_config) names what is wrong with the inputs
+            if ex["n_samples"] != "all":
+                continue
+            problem = adapter(m).config_problem(m, i)
+            raise ConfigError(problem or f"{where}: all, but the model's inputs cannot be read") from None
+        if ex["n_samples"] == "all":
+            if available is None:
+                raise ConfigError(f"{where}: all needs inputs counted before the run (hf data.texts, kind "
+                                  "attention); give a number")
+            ex["n_samples"] = available
+        elif available is not None and ex["n_samples"] > available:
+            raise ConfigError(f"{where}: {ex['n_samples']} samples requested but the model's inputs hold "
+                              f"{available}; allowed: 1..{available} or all")
 
 
 def prune_settings(config: dict, model: dict) -> dict:
@@ -300,8 +326,13 @@ def check_config(config: dict) -> None:
     for i, m in enumerate(config["models"]):
         where = f"models[{i}] ({m['name']})"
         problem = adapter(m).config_problem(m, i)  # the kind's own checks (models.kinds)
+        if not problem and prune_settings(config, m)["enabled"] and adapter(m).prunes:
+            problem = adapter(m).prune_problem(m, i)
         if problem:
             raise ConfigError(problem)
+        if m["extract"].get("compute_dtype") == "float16" and config.get("device") == "cpu":
+            raise ConfigError(f"models[{i}].extract.compute_dtype: float16 runs on a GPU only, and device is cpu; "
+                              "allowed: float32 or bfloat16 on the CPU")
         crop = m["extract"].get("crop")
         if crop and not crop[0] < crop[1]:
             raise ConfigError(f"{where}.extract.crop: start {crop[0]} must be below stop {crop[1]}")
@@ -312,20 +343,22 @@ def check_config(config: dict) -> None:
             if bad:
                 raise ConfigError(f"{where}.extract.{key}: {bad} outside the model's {size} {key}; "
                                   f"allowed: 0..{size - 1}")
-            if m["extract"].get(key) is not None and prune_settings(config, m)["enabled"]:
+            if m["extract"].get(key) is not None and prune_settings(config, m)["enabled"] and adapter(m).prunes:
                 # the ablation masks heads of the whole model in the order of their Haar entropies
                 raise ConfigError(f"{where}.extract.{key}: the prune stage ranks every head of the model by its "
                                   f"Haar entropy, so it needs every head stored; allowed: null, or set "
                                   f"prune.enabled: false (for this model: {where}.prune: {{enabled: false}})")
         top = ent["head_top_k"]
-        if n * n < top:
+        # n None: samples of their own lengths; the entropy stage takes every coefficient of a
+        # sample shorter than the top_k and records so
+        if n is not None and n * n < top:
             raise ConfigError(f"entropy.head_top_k: {top} exceeds the {n} x {n} = {n * n} bi-Haar "
                               f"coefficients of {where}; allowed: 1..{n * n}")
         stored = stored_units(m)
         if stored is not None:
             layers, heads = stored
-            total = n * n * len(layers) * len(heads)
-            if total < ent["network_top_k"]:
+            total = None if n is None else n * n * len(layers) * len(heads)
+            if total is not None and total < ent["network_top_k"]:
                 raise ConfigError(f"entropy.network_top_k: {ent['network_top_k']} exceeds the {total} "
                                   f"tri-Haar coefficients of {where}; allowed: 1..{total}")
             for layer, head in config["decompose"]["figure_heads"]:

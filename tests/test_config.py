@@ -28,7 +28,7 @@ def test_embedded_default_is_valid_and_gets_defaults(config):
     (lambda c: c["entropy"].update(head_tpo_k=3), "entropy: Additional properties are not allowed ('head_tpo_k'"),
     (lambda c: c["organize"].update(n_iters="three"), "organize.n_iters: 'three' is not of type 'integer'"),
     (lambda c: c["models"][0]["extract"].update(n_samples=-1), "models[0].extract.n_samples: -1 is less than"),
-    (lambda c: c["models"][1].update(kind="lstm"), "models[1].kind: 'lstm' is not one of ['txl', 'vit', 'hf']"),
+    (lambda c: c["models"][1].update(kind="lstm"), "models[1].kind: 'lstm' is not one of ['txl', 'vit', 'hf', 'attention']"),
     (lambda c: c["models"][0]["arch"].update(n_layr=2), "models[0].arch: Additional properties"),
     (lambda c: c["entropy"].update(head_top_k=5000), "entropy.head_top_k: 5000 exceeds the 64 x 64"),
     (lambda c: c["models"].append(copy.deepcopy(c["models"][0])), "used more than once"),

@@ -58,7 +58,7 @@ async function maskOf(rule, nq, nk) {
 }
 async function sampleData(pos) {
   if (cache.has(pos)) return cache.get(pos);
-  const S = D.samples[pos], nq = M.n_query, nk = M.n_key,
+  const S = D.samples[pos], nq = S.n_query || M.n_query, nk = S.n_key || M.n_key,
     d = {full: new Map(), resid: new Map(), lod: null, masks: [], layerMask: null};
   if (S.mask) {
     d.masks = await Promise.all(S.mask.rules.map((r) => maskOf(r, nq, nk)));
@@ -125,7 +125,7 @@ function reshape(z, nr, nc) {
   return range(nr).map((i) => Array.from(z.subarray(i * nc, (i + 1) * nc)));
 }
 async function views(pos, u) {
-  const S = D.samples[pos], d = await sampleData(pos), nq = M.n_query, nk = M.n_key;
+  const S = D.samples[pos], d = await sampleData(pos), nq = S.n_query || M.n_query, nk = S.n_key || M.n_key;
   const o2 = S.o2d[u], X = d.full.get(u), R = d.resid.get(u), A = allowedOf(d, u);
   const id = {order: range(nq)}, idk = {order: range(nk)};
   // the head X is in token order, the residual R in its own 2-D order; the mask A in token order

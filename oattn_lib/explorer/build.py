@@ -79,14 +79,16 @@ def table_payload(title: str, csv, select: str, note: str = "") -> dict:
 
 def _measured(s0, orgs0, n_q: int, n_k: int, n_units: int):
     """One sample's bytes in the page at a resolution, measured on sample 0 (gzip included), with
-    a 10% margin for samples that compress less well."""
+    a 10% margin for samples that compress less well; samples of their own lengths are counted
+    at the longest's, n_q x n_k (sample 0's bytes at full resolution scaled by the area)."""
     cache = {}
+    scale = max(1.0, n_q * n_k / (s0.x.shape[1] * s0.x.shape[2]))
 
     def sample_bytes(side: int) -> int:
         if side not in cache:
             full_mode = n_q <= side and n_k <= side
             trial = Plan(side, full_mode, {0: list(range(n_units))} if full_mode else {})
-            cache[side] = int(1.1 * encoded_bytes(encode_sample(s0, orgs0, trial, 0)))
+            cache[side] = int(1.1 * (scale if full_mode else 1.0) * encoded_bytes(encode_sample(s0, orgs0, trial, 0)))
         return cache[side]
 
     return sample_bytes
@@ -114,6 +116,18 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
     sparsity = ent["head_sparsity"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
     fig_units = figure_units(figure_heads, n_layer, n_head)
     units2d = heads_for_2d(fig_units, np.nanmean(entropy, axis=0), heads_2d)
+    # every sample's (query, key) lengths: samples of their own lengths (attention files) are
+    # planned at the longest; a store without pre-softmax scores has no 2-D organizations
+    lengths, no_scores = [], None
+    for path in attention_stores:
+        att = store.read_store(path, lazy=True)
+        n = (att.sizes["query"], att.sizes["key"]) if crop is None else (int(crop[1]) - int(crop[0]),) * 2
+        lengths.append(n)
+        if "scores" not in att.variables and no_scores is None:
+            no_scores = (f"not computed: {store.store_path(path)} holds no pre-softmax scores (the model's attention "
+                         "files hold probabilities only)")
+    if no_scores:
+        units2d = []
     samples, kv, t2d = [], None, 0.0
     paths = list(zip(attention_stores, organized_stores, decomposed_stores))
 
@@ -126,7 +140,7 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
         return s, orgs
 
     s0, orgs0 = load(0)
-    n_q, n_k = s0.x.shape[1:]
+    n_q, n_k = max(q for q, _ in lengths), max(k for _, k in lengths)
     p = plan(n_q, n_k, n_units, n_s, units2d, max_side, data_bytes,
              sample_bytes=_measured(s0, orgs0, n_q, n_k, n_units),
              head_bytes=int(1.1 * full_head_bytes(s0, orgs0, units2d[0] if units2d else 0)))
@@ -134,8 +148,8 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
     masked = False
     for i in range(n_s):
         s, orgs = (s0, orgs0) if i == 0 else load(i)
-        if s.x.shape[1:] != (n_q, n_k):
-            raise ValueError(f"{paths[i][0]}: {s.x.shape[1:]} tokens, sample 0 has {(n_q, n_k)}")
+        if s.x.shape[1:] != lengths[i]:
+            raise ValueError(f"{paths[i][0]}: {s.x.shape[1:]} tokens, its store's sizes say {lengths[i]}")
         if (s.info["layers"], s.info["heads"]) != (layers, heads):
             raise ValueError(f"{paths[i][0]}: holds layers {s.info['layers']} x heads {s.info['heads']}, "
                              f"the entropy store {entropy_store} layers {layers} x heads {heads}")
@@ -151,7 +165,8 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
     meta = {"model": model, "kind": kind, "quantity": quantity, "n_layer": n_layer, "n_head": n_head,
             "layers": layers, "heads": heads, "model_layers": model_size[0], "model_heads": model_size[1],
             "masked": masked,
-            "n_query": n_q, "n_key": n_k, "n_samples": n_s, "crop": list(crop) if crop is not None else None,
+            "n_query": n_q, "n_key": n_k, "n_samples": n_s,
+            "lengths": [list(n) for n in lengths] if len(set(lengths)) > 1 else None, "units_2d_note": no_scores, "crop": list(crop) if crop is not None else None,
             "kv_group": kv.reshape(-1).tolist() if kv is not None else None,
             "figure_units": fig_units, "units_2d": units2d, "heads_2d": heads_2d,
             "questionnaire2d_iters": questionnaire2d_iters, "plan": p.describe(),

@@ -128,7 +128,7 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     softmax, docs/method.md §7.5)."""
     # the analysed quantity of every head; the scores (pre-softmax logits) only of the heads
     # `masks_of`, a head at a time: at 270 heads x 1024 tokens each variable is 1.1 GB
-    ds = store.read_store(attention_store, require=(quantity, "scores"), lazy=True)
+    ds = store.read_store(attention_store, require=(quantity, "scores") if len(masks_of) else (quantity,), lazy=True)
     n_layer, n_head = ds.sizes["layer"], ds.sizes["head"]
     n_units = n_layer * n_head
     net = read_network(attention_store, quantity, crop)
@@ -165,8 +165,16 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     if masks is not None and masks.shape[1:] != xv.shape[1:]:
         raise ValueError(f"{attention_store}: allowed is {masks.shape[1:]} (crop {crop}), {quantity} "
                          f"{xv.shape[1:]}")
-    return Sample(index, xv, lv, org.tree_q, org.tree_k, tree_h, diff, tokens, labels[start:start + xv.shape[2]],
-                  info, allowed, masks)
+    # the tokens label the queries; the keys of a cross-attention head by their own tokens
+    # (`key_token_text`), or by position where the store has none and they are not the queries
+    key_text = json.loads(ds.attrs["key_token_text"]) if "key_token_text" in ds.attrs else []
+    if len(key_text) >= start + xv.shape[2]:
+        keys = [str(t) for t in key_text[start:start + xv.shape[2]]]
+    elif ds.sizes["key"] == ds.sizes["query"] and not key_text:
+        keys = labels[start:start + xv.shape[2]]
+    else:
+        keys = [f"key {j}" for j in range(start, start + xv.shape[2])]
+    return Sample(index, xv, lv, org.tree_q, org.tree_k, tree_h, diff, tokens, keys, info, allowed, masks)
 
 
 def organize_head(logits: np.ndarray, n_iters: int, allowed=None) -> HeadOrganization:

@@ -203,7 +203,7 @@ def encode_sample(s: Sample, orgs: dict[int, HeadOrganization], p: Plan, positio
     n_units, n_q, n_k = s.x.shape
     n_head = s.info["n_head"]
     units2d = list(orgs)
-    out = {"sample": s.index, "tokens": s.tokens, "key_tokens": s.key_tokens,
+    out = {"sample": s.index, "n_query": n_q, "n_key": n_k, "tokens": s.tokens, "key_tokens": s.key_tokens,
            "info": {k: v for k, v in s.info.items() if k in ("label", "source_index")},
            "tree_q": _tree(s.tree_q), "tree_k": _tree(s.tree_k),
            "tree_h": s.tree_h.labels.tolist(), "diffusion": round_values(s.diffusion),

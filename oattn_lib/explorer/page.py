@@ -113,11 +113,18 @@ def resolution_note(meta: dict) -> list[str]:
                    "padding) are drawn grey, with the hover text 'masked', in every view of a head (permuted with "
                    "the view's rows and columns); they take no part in the colour range. A level-of-detail block "
                    "is the mean of its allowed entries only, and grey where it has none.")
-    out.append(f"Own 2-D organization (questionnaire2d, {meta['questionnaire2d_iters']} iterations, on the "
-               f"pre-softmax scores) and paraproduct residual: computed at build time for "
-               f"{len(meta['units_2d'])} of {meta['n_layer'] * meta['n_head']} heads per sample (explorer.heads_2d = "
-               f"{meta['heads_2d']}: the figure heads, then the lowest and highest mean Haar entropy in turn): "
-               + ", ".join(name(u) for u in meta["units_2d"]) + ".")
+    if meta.get("lengths"):
+        out.append("Samples of their own lengths (query × key): " + ", ".join(
+            f"sample {i}: {q} × {k}" for i, (q, k) in enumerate(meta["lengths"])) + f"; the longest, {nq} × {nk}, "
+            "sets the resolution.")
+    if meta.get("units_2d_note"):
+        out.append(f"Own 2-D organization and paraproduct residual: {meta['units_2d_note']}.")
+    else:
+        out.append(f"Own 2-D organization (questionnaire2d, {meta['questionnaire2d_iters']} iterations, on the "
+                   f"pre-softmax scores) and paraproduct residual: computed at build time for "
+                   f"{len(meta['units_2d'])} of {meta['n_layer'] * meta['n_head']} heads per sample "
+                   f"(explorer.heads_2d = {meta['heads_2d']}: the figure heads, then the lowest and highest mean Haar "
+                   "entropy in turn): " + ", ".join(name(u) for u in meta["units_2d"]) + ".")
     out.append(f"Data embedded: about {p['estimated_bytes'] / 1e6:.2f} MB (8-bit codes, gzip, base64; budget "
                f"{p['budget_bytes'] / 1e6:.1f} MB, explorer.data_mb). Built in {meta['build_seconds']['total']:.1f} s "
                f"({meta['build_seconds']['organize_2d']:.1f} s of 2-D organizations).")
@@ -138,7 +145,8 @@ def render_page(payload: dict, plotly_js: str | None = None) -> str:
         plotly_js = get_plotlyjs()
     m = payload["meta"]
     q = m["quantity"]
-    subtitle = (f"{m['kind']} model, {stored_heads_note(m)}, {m['n_query']} tokens, "
+    subtitle = (f"{m['kind']} model, {stored_heads_note(m)}, {'up to ' if m.get('lengths') else ''}"
+                f"{m['n_query']} tokens, "
                 f"{m['n_samples']} samples; heads show the {'post-softmax probabilities' if q == 'probs' else 'pre-softmax scores'} "
                 f"({q}). Fasina et al., Intrinsic and Extrinsic Organized Attention.")
     notes = "".join(f"<p class='note'>{html.escape(s)}</p>" for s in resolution_note(m))

@@ -16,7 +16,7 @@ diffusion map), `sparsity` (Figures 4-6, Haar coefficients and entropies), `prun
 importable from `oattn_lib.plots`; the input checks and colour limits from `plots.style`.
 """
 from .geometry import fig3_head_geometry
-from .intrinsic import fig1_organized_head, fig2_paraproduct, fig_temperature
+from .intrinsic import fig1_organized_head, fig2_paraproduct, fig_not_run, fig_temperature
 from .pruning import fig7_ablation
 from .softmax_free import fig8_softmax_free
 from .sparsity import fig4_bihaar, fig5_entropy_heatmaps, fig6_top_trihaar
@@ -24,4 +24,4 @@ from .style import DIVERGING, DPI, SEQUENTIAL, new_figure, save, styled
 
 __all__ = ["DIVERGING", "DPI", "SEQUENTIAL", "fig1_organized_head", "fig2_paraproduct",
            "fig3_head_geometry", "fig4_bihaar", "fig5_entropy_heatmaps", "fig6_top_trihaar",
-           "fig7_ablation", "fig8_softmax_free", "fig_temperature", "new_figure", "save", "styled"]
+           "fig7_ablation", "fig8_softmax_free", "fig_not_run", "fig_temperature", "new_figure", "save", "styled"]

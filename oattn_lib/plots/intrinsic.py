@@ -19,7 +19,7 @@ from .style import (
     sym_clim,
 )
 
-__all__ = ["fig1_organized_head", "fig2_paraproduct", "fig_temperature"]
+__all__ = ["fig1_organized_head", "fig2_paraproduct", "fig_temperature", "fig_not_run"]
 
 
 def _fmt(x: float) -> str:
@@ -86,6 +86,17 @@ def fig2_paraproduct(exact, approximation, residual, rel_residual: float,
     sup = f"{title}\n" if title else ""
     fig.suptitle(f"{sup}paraproduct relative residual: organized {_fmt(rel)}, "
                  f"unorganized {_fmt(rel_u)}")
+    return fig
+
+
+@styled
+def fig_not_run(title: str, reason: str) -> Figure:
+    """A figure that could not be computed for a model: its `title` and the `reason`, as text
+    (Figure 2 and the temperature figure of attention files without pre-softmax scores)."""
+    fig = new_figure(8, 3)
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, f"{title}\nnot run: {reason}", ha="center", va="center", wrap=True)
     return fig
 
 

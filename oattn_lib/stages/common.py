@@ -67,7 +67,13 @@ def read_network(source, quantity: str, crop=None) -> Network:
         if quantity not in ds:
             raise KeyError(f"attention dataset has no variable {quantity!r} (has {sorted(ds.data_vars)})")
     else:
-        ds = store.read_store(source, require=(quantity,), finite=(quantity,), variables=(quantity,))
+        try:
+            ds = store.read_store(source, require=(quantity,), finite=(quantity,), variables=(quantity,))
+        except store.StoreError as exc:
+            if quantity == "scores" and "'scores' is missing" in str(exc):
+                raise store.StoreError(f"{store.store_path(source)}: no pre-softmax scores to analyse (attention files "
+                                       "of probabilities only); set extract.quantity: probs") from None
+            raise
     x = ds[quantity]
     if crop is not None:
         a, b = int(crop[0]), int(crop[1])

@@ -37,13 +37,19 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
               config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
     2-D organization and paraproduct, and the diffusion map of heads (docs/method.md §3, §6, §7, §8). The Haar
-    expansions run on the device `device` resolves to (`runtime.resolve_device`)."""
+    expansions run on the device `device` resolves to (`runtime.resolve_device`). A store without
+    pre-softmax scores gets the figure heads' 2-D organization of `quantity` and no paraproduct
+    (NaN, the reason in the attribute `paraproduct_not_run`)."""
     net = read_network(attention_store, quantity, crop)
     attrs, coords, a = net.attrs, net.coords, net.array
     del net
     # the figure heads are read one at a time from the store (one chunk per head): the whole
     # store is 2 x 1.1 GB for 270 heads at 1024 tokens
-    ds = store.read_store(attention_store, require=("scores",), lazy=True)
+    ds = store.read_store(attention_store, require=(quantity,), lazy=True)
+    # Theorem 1 is about the softmax of the pre-softmax scores: without them (attention files of
+    # probabilities) the figure heads get their 2-D organization and no paraproduct
+    no_scores = None if "scores" in ds.variables else (f"{store.store_path(attention_store)} holds no pre-softmax "
+                                                       "scores (attention files of probabilities only)")
     org, ods = load_organization(organized_store)
     xv = torch.from_numpy(a).to(resolve_device(device))
     # the random-tree baselines first, each freed before the next, then the coefficients that
@@ -67,6 +73,17 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     position = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(coords["unit_layer"][1], coords["unit_head"][1]))}
     for layer, head in units:
         f = a[:, :, position[(int(layer), int(head))]]
+        fig["original"].append(f)
+        fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
+        if no_scores:
+            tr, tc = questionnaire2d(f.astype(np.float64), n_iters=questionnaire2d_iters)
+            orders.append((tr.order, tc.order))
+            fig["organized2d"].append(f[np.ix_(tr.order, tc.order)])
+            for k in ("exact", "approx", "residual"):
+                fig[k].append(np.full(f.shape, np.nan))
+            rel.append(np.nan)
+            rel_unorg.append(np.nan)
+            continue
         g = head_array(ds, "scores", layer, head, crop, where=attention_store).astype(np.float64)
         tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
         # a causal head is compared with the model's own masked softmax (docs/method.md §7.5)
@@ -74,8 +91,6 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         pp = paraproduct(g, row_order=tr.order, col_order=tc.order, allowed=allowed)
         pu = paraproduct(g, allowed=allowed)
         orders.append((tr.order, tc.order))
-        fig["original"].append(f)
-        fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
         fig["organized2d"].append(np.asarray(pp.organized))
         fig["exact"].append(np.asarray(pp.exact))
         fig["approx"].append(np.asarray(pp.approximation))
@@ -106,6 +121,8 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind")},
                **store.provenance_attrs(config_slice or {}, attrs.get("checkpoint_sha256"), code=code,
                                         quantity=quantity)})
+    if no_scores:
+        out_ds.attrs["paraproduct_not_run"] = no_scores
     store.write_store(out_ds, out)
     log.info("decomposed: network l1 %.4g (random trees %.4g); paraproduct residual %s (unorganized %s)",
              out_ds["network_l1"].item(), out_ds["network_l1_random"].item(),

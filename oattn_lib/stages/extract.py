@@ -68,7 +68,8 @@ class AttentionWriter:
     """An attention store (docs/method.md §12.1) written one layer at a time into the directory `path`.
 
     Layout: `scores` and `probs` (layer, head, query, key) in `dtype`, one chunk per (layer,
-    head); `allowed` (layer, query, key) bool, True where the model may attend (its causal,
+    head), `probs` only where the source has no scores (attention files of probabilities);
+    `allowed` (layer, query, key) bool, True where the model may attend (its causal,
     sliding-window or padding mask), one chunk per layer; coordinates `layer` and `head`
     (the model's indices of the stored layers and heads), `kv_group` (head: the key/value
     head each query head reads, `models.hf.kv_groups`; the head itself without
@@ -98,6 +99,7 @@ class AttentionWriter:
         self.model_heads: int | None = None
         self.model_kv_heads: int | None = None
         self._group = None
+        self.has_scores: bool | None = None
 
     def _where(self) -> str:
         return f"{self.attrs.get('model')} sample {self.attrs.get('sample')}"
@@ -109,7 +111,8 @@ class AttentionWriter:
             raise ValueError(f"tokens: {self.tokens.shape[0]} given for {n_q} queries")
         dims = ("layer", "head", "query", "key")
         empty = np.empty((0, heads.size, n_q, n_k), dtype=DTYPES[self.dtype])
-        ds = xr.Dataset({"scores": (dims, empty), "probs": (dims, empty),
+        quantities = ("scores", "probs") if self.has_scores else ("probs",)
+        ds = xr.Dataset({**{q: (dims, empty) for q in quantities},
                          "allowed": (("layer", "query", "key"), np.empty((0, n_q, n_k), dtype=bool))},
                         coords={"layer": np.empty(0, dtype=np.int64), "head": heads, "kv_group": ("head", kv),
                                 "query": np.arange(n_q), "key": np.arange(n_k),
@@ -118,21 +121,27 @@ class AttentionWriter:
         if self.token_text is not None:
             ds.attrs["token_text"] = json.dumps(self.token_text[:n_q])
         ds["allowed"].attrs["description"] = "True where the model may attend (its own mask)"
-        encoding = {"scores": {"chunks": (1, 1, n_q, n_k)}, "probs": {"chunks": (1, 1, n_q, n_k)},
+        encoding = {**{q: {"chunks": (1, 1, n_q, n_k)} for q in quantities},
                     "allowed": {"chunks": (1, n_q, n_k)}, "layer": {"chunks": (1024,)}}
         ds.to_zarr(self.path, mode="w", consolidated=False, encoding=encoding)
         self._group = zarr.open_group(self.path, mode="r+")
 
     def write(self, layer: int, scores, probs, allowed=None, n_kv_heads: int | None = None) -> None:
         """Append one layer: scores and probs (head, query, key) of every head of the layer
-        (torch tensors or arrays), allowed (query, key) bool or None (nothing masked),
+        (torch tensors or arrays; scores None: probs only, for every layer), allowed (query, key) bool or None (nothing masked),
         n_kv_heads the layer's key/value heads (None: one per query head)."""
         from ..models.hf import kv_groups
 
         layer = int(layer)
         if self.layers and layer <= self.layers[-1]:
             raise ValueError(f"layer {layer} written after layer {self.layers[-1]}; layers must increase")
-        scores, probs = (torch.as_tensor(x).detach().cpu() for x in (scores, probs))
+        if self.has_scores is None:
+            self.has_scores = scores is not None
+        elif self.has_scores != (scores is not None):
+            raise ValueError(f"layer {layer}: scores {'missing' if self.has_scores else 'given'}, unlike the "
+                             "layers before it")
+        probs = torch.as_tensor(probs).detach().cpu()
+        scores = probs if scores is None else torch.as_tensor(scores).detach().cpu()
         if scores.ndim != 3 or scores.shape != probs.shape:
             raise ValueError(f"scores, probs: expected two (head, query, key) arrays of one shape, got "
                              f"{tuple(scores.shape)} and {tuple(probs.shape)}")
@@ -149,7 +158,7 @@ class AttentionWriter:
             index = torch.from_numpy(heads)
             scores, probs = scores.index_select(0, index), probs.index_select(0, index)
         out = {}
-        for name, x in (("scores", scores), ("probs", probs)):
+        for name, x in ((("scores", scores),) if self.has_scores else ()) + (("probs", probs),):
             # per-head extremes: NaN and inf show in them, and no layer-sized temporary is made
             hi, lo = x.amax(dim=(1, 2)).double(), x.amin(dim=(1, 2)).double()
             bad = ~(torch.isfinite(hi) & torch.isfinite(lo))
@@ -173,8 +182,7 @@ class AttentionWriter:
             raise ValueError(f"layer {layer}: (head, query, key) shape {out['probs'].shape} differs from the "
                              f"layers before, {self._group['probs'].shape[1:]}")
         i = len(self.layers)
-        for name, value in (("scores", out["scores"]), ("probs", out["probs"]), ("allowed", ok),
-                            ("layer", np.int64(layer))):
+        for name, value in (*out.items(), ("allowed", ok), ("layer", np.int64(layer))):
             arr = self._group[name]
             arr.resize((i + 1, *arr.shape[1:]))
             arr[i] = value
@@ -199,10 +207,14 @@ def attention_writer(out, *, tokens, attrs: dict, dtype: str = "float32", heads=
             raise ValueError(f"{store.store_path(out)}: no layer was written (extract.layers selects none?)")
 
 
-def _pick(n_available: int, n: int, seed: int, what: str) -> np.ndarray:
+def _pick(n_available: int, n: int, seed: int, what: str, ordered: bool = False) -> np.ndarray:
+    """The candidates extracted as samples 0..n-1: the first n (`ordered`: the user's own inputs,
+    in their order) or n drawn without replacement with `seed`, sorted."""
     if n_available < n:
         raise ValueError(f"extract.n_samples: {n} samples requested but only {n_available} {what} "
                          "are available; lower n_samples")
+    if ordered:
+        return np.arange(n)
     return np.sort(np.random.default_rng(seed).choice(n_available, size=n, replace=False))
 
 
@@ -259,7 +271,7 @@ def extract_samples(kind: str, model: dict, data_npz, data_meta, checkpoint, out
     meta = json.loads(Path(data_meta).read_text())
     loaded = model_kind.extraction(model, data_npz=data_npz, meta=meta, checkpoint=checkpoint, device=dev,
                                    prepared=prepared)
-    picked = _pick(loaded.n_available, n, seed, loaded.available)
+    picked = _pick(loaded.n_available, n, seed, loaded.available, model_kind.ordered_samples(model))
     provenance = store.provenance_attrs(config_slice or {}, loaded.source_hash, code=code)
     wanted = None if layers is None else set(layers)
     for out, sample in zip(outs, samples):

@@ -49,9 +49,11 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     names = [f"{int(l)}.{int(h)}" for l, h in zip(dec0["fig_layer"].values, dec0["fig_head_index"].values)]
     units = [f"{int(l)}.{int(h)}" for l, h in zip(dec0["unit_layer"].values, dec0["unit_head"].values)]
     i = 0
+    not_run = dec0.attrs.get("paraproduct_not_run")  # a store without pre-softmax scores
     plots.save(plots.fig1_organized_head(dec0["fig_original"].values[i], dec0["fig_organized3d"].values[i],
                                          f"{model_name}, head {names[i]}, sample 0"), outs["fig1"])
-    plots.save(plots.fig2_paraproduct(dec0["fig_exact"].values[i], dec0["fig_approx"].values[i],
+    plots.save(plots.fig_not_run(f"Figure 2: {model_name}, paraproduct of head {names[i]}", not_run) if not_run else
+               plots.fig2_paraproduct(dec0["fig_exact"].values[i], dec0["fig_approx"].values[i],
                                       dec0["fig_residual"].values[i], float(dec0["fig_rel_residual"].values[i]),
                                       float(dec0["fig_rel_residual_unorganized"].values[i]),
                                       f"{model_name}, head {names[i]}, sample 0"), outs["fig2"])
@@ -89,13 +91,28 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     plots.save(plots.fig6_top_trihaar(np.stack(vals), [f"sample {s}" for s in range(k6)]), outs["fig6"])
     done("figures 5-6")
     k = min(temperature_samples, len(decomposed_stores))
-    _temperature(model_name, attention_stores[:k], decomposed_stores[:k], outs, temperature_taus,
-                 temperature_random_orders, crop)
+    if not_run:
+        _temperature_not_run(model_name, outs, not_run)
+    else:
+        _temperature(model_name, attention_stores[:k], decomposed_stores[:k], outs, temperature_taus,
+                     temperature_random_orders, crop)
     done("temperature figure")
 
 
 # -- where Theorem 1 holds -----------------------------------------------------------------
 ORDERS = ("2-D organized", "original", "random")
+
+
+def _temperature_not_run(model_name, outs, reason: str) -> None:
+    """The temperature figure's outputs when it cannot be computed: the JSON's `skipped` (read by
+    the summary), an empty CSV, the finding and the figure saying why."""
+    store.atomic_write_text(outs["temperature_json"], json.dumps({"model": model_name, "skipped": reason},
+                                                                 indent=1) + "\n")
+    store.atomic_write_text(outs["temperature_csv"], "sample,layer,head,order,seed,tau,rel_residual\n")
+    store.atomic_write_text(outs["temperature_finding"], f"*{model_name.replace('_', chr(92) + '_')}*: not run: "
+                                                         f"{reason}.\n")
+    plots.save(plots.fig_not_run(f"{model_name}: where Theorem 1 holds", reason), outs["temperature"])
+    log.info("temperature: not run: %s", reason)
 
 
 def _temperature(model_name, attention_stores, decomposed_stores, outs, n_taus, n_random, crop) -> None:

@@ -21,10 +21,11 @@ from ..claims import (
     sparsity_claim,
 )
 from ..entropy import extreme_heads, jaccard_stability
+from ..models import adapter_for
 
 log = logging.getLogger("oattn")
 
-__all__ = ["model_claims", "summary"]
+__all__ = ["model_claims", "prune_not_run", "summary"]
 
 LOWEST_FIRST, RANDOM = "Haar entropy, lowest first", "random"
 """Table 3's names of the ranking the paper proposes and of the random orders."""
@@ -36,7 +37,9 @@ def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, te
 
     The bottom-set Jaccard index is recomputed from the entropy store (as Table 1's note);
     the sparsity ratios come from Table 2, the residuals at tau = 1 and the crossovers from
-    the temperature figure's JSON, the pruning areas from Table 3 (None: prune not run).
+    the temperature figure's JSON, the pruning areas from Table 3 (None: prune not run, for the
+    reason `prune_not_run`). A temperature JSON with `skipped` (the reason: no pre-softmax scores)
+    makes the paraproduct claim not run.
     """
     ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
     e = ent["head_entropy"].transpose("sample", "layer", "head").values
@@ -50,8 +53,9 @@ def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, te
     counts = [((int(r.layer), int(r.head)), int(str(r.count).split("/")[0])) for r in bottom.itertuples()]
     t2 = pd.read_csv(table2_csv)
     temp = json.loads(Path(temperature_json).read_text())
-    at1 = temp["at_model_tau"]
-    cross = "; ".join(f"organized is {temp['crossover'][b]['text']}" for b in ("original", "random"))
+    skipped = temp.get("skipped")
+    at1 = temp.get("at_model_tau") or dict.fromkeys(("2-D organized", "original", "random"))
+    cross = "" if skipped else "; ".join(f"organized is {temp['crossover'][b]['text']}" for b in ("original", "random"))
     auc_low = auc_rand = auc_sd = None
     metric, higher = "held-out metric", True
     if table3_csv is not None:
@@ -66,9 +70,18 @@ def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, te
         recurrence_claim(name, float(off.mean()) if off.size else float("nan"), flat.shape[1], k, counts, n_s,
                          paper=paper_number("recurrence", kind)),
         paraproduct_claim(name, at1["2-D organized"], at1["original"], at1["random"], cross,
-                          paper=paper_number("paraproduct", kind)),
-        pruning_claim(name, auc_low, auc_rand, auc_sd, higher, metric=metric, paper=paper_number("pruning", kind)),
+                          paper=paper_number("paraproduct", kind), not_run=skipped),
+        pruning_claim(name, auc_low, auc_rand, auc_sd, higher, metric=metric, paper=paper_number("pruning", kind),
+                      not_run=prune_not_run(kind)),
     ]
+
+
+def prune_not_run(kind: str) -> str:
+    """Why the prune stage did not run for a model of `kind`: its kind holds no model whose heads
+    can be masked, or the config's prune.enabled."""
+    if not adapter_for(kind).prunes:
+        return f"kind {kind} holds no model to mask"
+    return "prune.enabled: false"
 
 
 def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
@@ -95,9 +108,16 @@ def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
         path = inputs.get(f"metrics_{name}")
         m = json.loads(Path(path).read_text()) if path else {}
         shown = {k: v for k, v in m.items() if k not in ("history",)}
+        kind = kinds[name]
+        origin = adapter_for(kind).origin + "\n"
         lines.append(f"## {name}\n\n" + ("Training: " + ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
                                                                  for k, v in shown.items()) + "\n" if shown else
-                                         "Pretrained, not trained here.\n"))
+                                         origin))
+        if f"table3_{name}" not in inputs:
+            lines.append(f"prune: not run: {prune_not_run(kind)} (no Tables 3-4, no Figure 7).\n")
+        skipped = json.loads(Path(inputs[f"temperature_{name}"]).read_text()).get("skipped")
+        if skipped:
+            lines.append(f"Theorem 1 (temperature figure, paraproduct): not run: {skipped}.\n")
         for t in (1, 2, 3, 4):
             if f"table{t}_{name}" in inputs:
                 lines.append(f"### Table {t}\n\n{Path(inputs[f'table{t}_{name}']).read_text()}\n")

@@ -19,6 +19,9 @@ R = config["results"]
 MODELS = {m["name"]: m for m in config["models"]}
 # each model's head-ablation settings: the top-level `prune`, or the model's own `prune` merged over it
 PRUNE = {name: prune_settings(config, m) for name, m in MODELS.items()}
+# the models the prune stage runs for: enabled, and of a kind whose heads can be masked (kind
+# attention holds no model; its summary says why prune was not run)
+PRUNED = {name for name, m in MODELS.items() if PRUNE[name]["enabled"] and adapter(m).prunes}
 # the softmax-free experiment's runs (softmax_free.smk), generated from the config: models
 # named softmax_free/<model>/<attention>/seed<k>, stored under results/<that name>/, trained
 # by softmax_free_train and analysed by the extract, organize, decompose and entropy rules
@@ -164,6 +167,13 @@ def prepare_mem_mb(wildcards, input, attempt):
     return int(2000 + 20 * size_mb) * attempt
 
 
+def user_inputs(wildcards):
+    """The user's files a model's data is read from (kind attention: its attention files), so that
+    editing one reruns extract and what follows ([] for the other kinds)."""
+    m = ANALYSED[wildcards.model]
+    return adapter(m).input_files(m)
+
+
 def checkpoint_input(wildcards):
     """The trained checkpoint a model's extract and prune jobs read ([] for a kind the workflow
     does not train)."""
@@ -221,7 +231,7 @@ def all_targets():
     out = [f"{R}/summary.md", f"{R}/explorer.html"]
     for name in MODELS:
         out += [f"{R}/{name}/figures/{f}.png" for f in FIGURES]
-        if PRUNE[name]["enabled"]:
+        if name in PRUNED:
             out += [f"{R}/{name}/figures/fig7.png", f"{R}/{name}/tables/table3.md", f"{R}/{name}/tables/table4.md"]
     # the softmax-free experiment (softmax_free.smk): when enabled, and once it has been run,
     # so that the report keeps its Table 5
@@ -273,9 +283,11 @@ DATASET_FILES = {"wikitext103": WIKITEXT103_FILES, "cifar10": CIFAR10_FILES}
 
 
 def dataset_files(wildcards):
-    """The downloaded files a model's prepare_data reads ([] for stdlib text and digits)."""
+    """The files a model's prepare_data reads: downloads ([] for stdlib text and digits) and the
+    user's own inputs (data.texts), so that editing a prompt reruns what depends on it."""
     m = MODELS[wildcards.model]
-    return [f for name in adapter(m).datasets(m) for f in DATASET_FILES[name]]
+    kind = adapter(m)
+    return [f for name in kind.datasets(m) for f in DATASET_FILES[name]] + kind.input_files(m)
 
 
 # the weights file each model's training starts from (None: none); a kind looks its file up
@@ -296,6 +308,11 @@ def download_root(wildcards, output):
 
 
 # -- prune (prune.smk) -------------------------------------------------------------------
+def held_out_texts(wildcards):
+    """The user's held-out texts of a model's ablation (prune.held_out.texts; [] for none)."""
+    return PRUNE[wildcards.model]["held_out"].get("texts") or []
+
+
 def prune_model_params(wildcards):
     """What prune reads from a model's config: how to load it and read its data."""
     m = MODELS[wildcards.model]
@@ -316,7 +333,7 @@ def summary_inputs(wildcards):
         inputs[f"table2csv_{name}"] = f"{R}/{name}/tables/table2.csv"
         inputs[f"entropy_{name}"] = ENTROPY.format(model=name)
         inputs[f"temperature_{name}"] = f"{R}/{name}/figures/temperature.json"
-        if PRUNE[name]["enabled"]:
+        if name in PRUNED:
             inputs[f"table3_{name}"] = f"{R}/{name}/tables/table3.md"
             inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"
             inputs[f"table3csv_{name}"] = f"{R}/{name}/tables/table3.csv"
@@ -333,7 +350,7 @@ def explorer_inputs(wildcards):
         "table1": f"{R}/{wildcards.model}/tables/table1.csv",
         "table2": f"{R}/{wildcards.model}/tables/table2.csv",
     }
-    if PRUNE[wildcards.model]["enabled"]:
+    if wildcards.model in PRUNED:
         inputs |= {
             "table3": f"{R}/{wildcards.model}/tables/table3.csv",
             "table4": f"{R}/{wildcards.model}/tables/table4.csv",

@@ -9,6 +9,7 @@ rule extract:
         unpack(model_data),
         unpack(prepared_model),
         checkpoint=checkpoint_input,
+        files=user_inputs,
     output:
         store=[ATTENTION],
     log:
@@ -42,6 +43,7 @@ for _k in BATCH_SIZES:
             unpack(model_data),
             unpack(prepared_model),
             checkpoint=checkpoint_input,
+            files=user_inputs,
         output:
             store=all_samples(ATTENTION, _k),
         log:

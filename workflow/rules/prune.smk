@@ -11,6 +11,7 @@ rule prune:
         checkpoint=checkpoint_input,
         attention=attention_stores,
         entropy=ENTROPY,
+        held_out_texts=held_out_texts,
     output:
         curves=f"{R}/{{model}}/prune/curves.csv",
         rankings=f"{R}/{{model}}/prune/rankings.csv",

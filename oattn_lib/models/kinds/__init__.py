@@ -1,6 +1,6 @@
 """Kinds of model: one adapter per `kind` of the config, the only code that tells them apart.
 
-A model entry's `kind` (txl, vit, hf) names a `ModelKind`; the config checks, the rules and
+A model entry's `kind` (txl, vit, hf, attention) names a `ModelKind`; the config checks, the rules and
 the stages (`prepare_data`, `train`, `extract`, `prune`, the softmax-free runs) ask that
 adapter, and never test the kind themselves. A new kind is one module here, subclassing
 `ModelKind`, one line in `KINDS`, one branch of the config schema and its tests.
@@ -10,10 +10,15 @@ The protocol, in the order a model goes through the workflow:
 - `name`: the config's `kind`. Capability flags: `trains` (the workflow builds and trains
   it: rule `train`, a checkpoint its extract and prune jobs read, `metrics.json`), `prunes`
   (its heads can be gated: the ablation study of `stages.prune`), `image_patches` (its tokens
-  are image patches, -1 the class token), `typical_quantity` (the attention quantity a model
-  of the kind is usually analysed by, for synthetic stores).
+  are image patches, -1 the class token), `origin` (the summary's line on where a model
+  without training metrics comes from), `typical_quantity` (the attention quantity a model
+  of the kind is usually analysed by, for synthetic stores), `compute_dtypes` (the
+  `extract.compute_dtype` values its extraction runs in), `device_maps` (it takes a
+  `device_map`), `loads_gguf` (it loads a `gguf_file`), `stacks` (the `extract.stack` values
+  of its encoder-decoder models).
 - The config and the rules, without torch: `n_tokens`, `n_units` (its size before running
-  it), `config_problem` (the kind's own checks of a model entry), `datasets` (the downloads
+  it), `config_problem` (the kind's own checks of a model entry; the base checks the capability
+  flags), `prune_problem` (why the ablation cannot run for an entry), `datasets` (the downloads
   its data reads), `pretrained_weights` (a weights file its training starts from),
   `prune_params` (what the prune rule passes of its entry), `retrain_problem` (whether the
   softmax-free experiment can retrain it), `validation_metric` (the metric its training
@@ -36,11 +41,12 @@ __all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation", "KIND
 
 
 def _registry() -> dict[str, ModelKind]:
+    from .attention import Attention
     from .hf import HF
     from .txl import TXL
     from .vit import ViT
 
-    return {k.name: k() for k in (TXL, ViT, HF)}
+    return {k.name: k() for k in (TXL, ViT, HF, Attention)}
 
 
 KINDS: dict[str, ModelKind] = _registry()

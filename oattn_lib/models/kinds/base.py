@@ -86,6 +86,11 @@ class ModelKind(ABC):
     prunes: ClassVar[bool] = False
     image_patches: ClassVar[bool] = False
     typical_quantity: ClassVar[str] = "probs"
+    compute_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    device_maps: ClassVar[bool] = False
+    loads_gguf: ClassVar[bool] = False
+    stacks: ClassVar[tuple[str, ...]] = ()
+    origin: ClassVar[str] = "Pretrained, not trained here."
 
     def unsupported(self, what: str, model: str | None = None) -> Unsupported:
         """The error for a request this kind cannot serve: `what` it cannot do, for `model`."""
@@ -96,18 +101,56 @@ class ModelKind(ABC):
     @abstractmethod
     def n_tokens(self, model: dict) -> int | None:
         """Tokens per sample (query = key axis length, before `extract.crop`) when known
-        before running the model."""
+        before running the model and the same for every sample; None otherwise (samples of
+        their own lengths: the user's prompts, attention files)."""
 
     @abstractmethod
     def n_units(self, model: dict) -> tuple[int, int] | None:
         """(layers, heads) of the model when known before running it."""
 
+    def max_tokens(self, model: dict) -> int | None:
+        """The most tokens a sample can have when known before running (the longest of samples of
+        their own lengths; `extract.max_length` for the user's texts), for planning; None: unknown."""
+        return self.n_tokens(model)
+
+    def n_candidates(self, model: dict) -> int | None:
+        """How many candidate samples the model's data holds, when known before running anything
+        (the user's own texts, attention files); None when only the extract job can count them.
+        `extract.n_samples: all` takes this number."""
+        return None
+
+    def ordered_samples(self, model: dict) -> bool:
+        """Whether sample i is candidate i (the first n_samples of the user's own inputs, in their
+        order) rather than a seeded draw without replacement from the candidates."""
+        return False
+
+    def input_files(self, model: dict) -> list[str]:
+        """Files of the user's the model's data is read from (prompts, attention files): inputs of
+        the rules that read them, so that editing one reruns what depends on it."""
+        return []
+
     def config_problem(self, model: dict, index: int) -> str | None:
         """What is wrong with the entry `model` (config `models[index]`) for this kind, as a
-        message naming the key, or None."""
-        if model.get("gguf_file"):
-            return (f"models[{index}].gguf_file: only hf models load GGUF files, models[{index}] "
-                    f"({model['name']}) is {self.name}")
+        message naming the key, or None. The base checks the capability flags: `compute_dtypes`
+        (`extract.compute_dtype`), `device_maps` (`device_map`), `loads_gguf` (`gguf_file`) and
+        `stacks` (`extract.stack`)."""
+        where, ex = f"models[{index}]", model.get("extract") or {}
+        if model.get("gguf_file") and not self.loads_gguf:
+            return f"{where}.gguf_file: only hf models load GGUF files, {where} ({model['name']}) is {self.name}"
+        dtype = ex.get("compute_dtype", "float32")
+        if dtype not in self.compute_dtypes:
+            return (f"{where}.extract.compute_dtype: {dtype!r}, but a {self.name} model computes in "
+                    f"{', '.join(self.compute_dtypes)} only; allowed: {', '.join(self.compute_dtypes)}")
+        if model.get("device_map") is not None and not self.device_maps:
+            return f"{where}.device_map: only hf models are spread over devices; remove it ({self.name} model)"
+        if ex.get("stack") is not None and ex["stack"] not in self.stacks:
+            return (f"{where}.extract.stack: {ex['stack']!r} applies only to encoder-decoder hf models; "
+                    f"remove it ({self.name} model)")
+        return None
+
+    def prune_problem(self, model: dict, index: int) -> str | None:
+        """Why the head-ablation study cannot run for the entry `model` (config `models[index]`) of
+        a kind that `prunes`, as a message naming the key; None when it can."""
         return None
 
     def datasets(self, model: dict) -> list[str]:
