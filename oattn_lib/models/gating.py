@@ -237,20 +237,26 @@ def wide(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def next_token_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean negative log-likelihood (nats/token) of ids[:, 1:] under logits[:, :-1], per row:
-    (n,). The log-softmax runs in float32."""
+    (n,). mask (n, tokens) bool: the real tokens of right-padded rows, whose padding is
+    neither predicted nor counted (None: all real). The log-softmax runs in float32."""
     lp = F.log_softmax(wide(logits[:, :-1]), dim=-1)
-    return -lp.gather(-1, ids[:, 1:, None]).squeeze(-1).mean(1)
+    nll = -lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    if mask is None:
+        return nll.mean(1)
+    m = mask[:, 1:].to(nll.dtype)
+    return (nll * m).sum(1) / m.sum(1).clamp_min(1)
 
 
-def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None) -> torch.Tensor:
+def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None, mask=None) -> torch.Tensor:
     """One forward with per-row gates: txl and lm mean next-token NLL per row (nats/token,
     (n,)); vit logits (n, classes); hf L2-normalised mean-pooled sentence embeddings (n, hidden).
 
     inputs: txl (n, tgt_len + 1) token windows (input = [:, :-1], targets = [:, 1:]); vit
-    (n, channel, height, width) images; hf and lm (n, tokens) input ids without padding (lm:
-    tokens 1.. are predicted from the ones before).
+    (n, channel, height, width) images; hf and lm (n, tokens) input ids (lm: tokens 1.. are
+    predicted from the ones before), right-padded where `mask` (n, tokens) bool marks the
+    real tokens: the model's attention mask, and the tokens the NLL and the mean pooling count.
     """
     with head_gates(model, layout, gates):
         if layout.kind == "txl":
@@ -269,9 +275,13 @@ def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None) -> 
             return -wide(lp).reshape(y.shape).mean(1)
         if layout.kind == "vit":
             return model(inputs)
+        attention_mask = torch.ones_like(inputs) if mask is None else mask.to(inputs.dtype)
         if layout.objective == "lm":
-            logits = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits
-            return next_token_nll(logits, inputs)
-        # the all-MiniLM-L6-v2 recipe (models.hf.hf_embeddings) on unpadded windows
-        hidden = model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).last_hidden_state
-        return F.normalize(wide(hidden).mean(1), p=2, dim=1)
+            logits = model(input_ids=inputs, attention_mask=attention_mask).logits
+            return next_token_nll(logits, inputs, mask)
+        # the all-MiniLM-L6-v2 recipe (models.hf.hf_embeddings): the mean over the real tokens
+        hidden = wide(model(input_ids=inputs, attention_mask=attention_mask).last_hidden_state)
+        if mask is None:
+            return F.normalize(hidden.mean(1), p=2, dim=1)
+        m = mask.to(hidden.dtype)[..., None]
+        return F.normalize((hidden * m).sum(1) / m.sum(1).clamp_min(1), p=2, dim=1)

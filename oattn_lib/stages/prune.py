@@ -158,7 +158,8 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
         raise ValueError(f"entropy store has {haar.shape[1:]} (layer, head), the model {layout.shape}")
     rng = np.random.default_rng(seed)
 
-    batch_size = _rows_per_pass(batch_size, layout, attention[0].sizes["query"])
+    # the longest sample bounds a pass's memory (the user's texts have their own lengths)
+    batch_size = _rows_per_pass(batch_size, layout, max(a.sizes["query"] for a in attention))
     samples, used = loaded.ranking_samples(attention)
     data, _ = loaded.held_out(samples, used, held_out, rng, batch_size)
     per_sample, mean_scores = _scores(net, layout, samples, attn_stats, haar, grad_projections, seed, batch_size)
