@@ -190,6 +190,7 @@ def _bad_sources(root):
                                                                          r"'scores'")}
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("case", ["missing", "empty", "nan", "rank", "mask", "dtype", "scores"])
 def test_a_bad_source_is_refused_at_start_up_naming_the_file(case, tmp_path):
     path, extract, message = _bad_sources(tmp_path)[case]
@@ -205,6 +206,7 @@ def test_a_bad_source_is_refused_at_start_up_naming_the_file(case, tmp_path):
         model_entry(path, 1, **extract)
 
 
+@pytest.mark.workflow
 def test_too_many_samples_are_refused_naming_the_count(tmp_path):
     rng = np.random.default_rng(6)
     np.savez(tmp_path / "one.npz", probs=attention(rng, 4, 4)[1])
@@ -246,6 +248,7 @@ def readme_run(tmp_path_factory):
     return work
 
 
+@pytest.mark.workflow
 def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(readme_run):
     res = readme_run / "results" / "ext"
     lengths = [(12, 12), (16, 16), (9, 9), (7, 10)]
@@ -278,6 +281,7 @@ def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(rea
     assert re.search(r"^extract\s+4$", jobs, re.M) and re.search(r"^organize\s+4$", jobs, re.M), jobs[-2000:]
 
 
+@pytest.mark.workflow
 def test_probabilities_alone_skip_what_needs_scores_and_say_why(tmp_path):
     rng = np.random.default_rng(8)
     (tmp_path / "att").mkdir()

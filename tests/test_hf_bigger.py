@@ -35,6 +35,10 @@ def word_tokenizer(directory: Path, eos: bool = False) -> None:
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
+    return save_llama(tmp_path_factory)
+
+
+def save_llama(tmp_path_factory):
     """A tiny random Llama (grouped key/value heads), large enough initial weights that its
     attention is far from uniform, saved with its tokenizer."""
     from transformers import LlamaConfig, LlamaModel

@@ -21,7 +21,7 @@ from oattn_lib.stages.data import prepare_data
 from oattn_lib.stages.extract import extract_samples
 
 import wfutil
-from test_hf_bigger import WORDS, word_tokenizer
+from test_hf_bigger import WORDS, save_llama, word_tokenizer
 
 SMALL = {"head_top_k": 16, "network_top_k": 10}
 MAX_LEN = 12
@@ -74,16 +74,7 @@ def seq2seq_dir(request, tmp_path_factory, t5_dir):
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaModel
-
-    cfg = LlamaConfig(vocab_size=len(WORDS) + 3, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2, pad_token_id=0,
-                      bos_token_id=None, eos_token_id=None)
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("llama")
-    LlamaModel(cfg).eval().save_pretrained(d)
-    word_tokenizer(d)
-    return d
+    return save_llama(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +283,7 @@ def workflow_config(t5_dir, jsonl, stacks=("cross",)) -> dict:
     return cfg
 
 
+@pytest.mark.workflow
 def test_workflow_runs_the_cross_attention_of_a_t5_end_to_end(t5_dir, jsonl, tmp_path):
     wfutil.snakemake(tmp_path, workflow_config(t5_dir, jsonl))
     res = tmp_path / "results"

@@ -94,7 +94,8 @@ def test_readme_commands_are_found():
     cmds = readme_commands((REPO / "README.md").read_text())
     text = " ".join(c for c, _ in cmds)
     for needle in ("entropy='{head_top_k: 100}'", "organize='{n_iters: 2}'", "softmax_free",
-                   "--rerun-triggers mtime params input", "workflow/profiles/slurm", "workflow/presets/llm.yaml"):
+                   "--rerun-triggers mtime params input", "workflow/profiles/slurm", "workflow/presets/llm.yaml",
+                   "workflow/presets/prompts.yaml"):
         assert needle in text
     claims = dict(cmds)
     assert claims["snakemake -n"] == set()
@@ -124,6 +125,12 @@ def test_readme_command_runs_and_plans_what_the_readme_says(project, command, cl
         assert planned.get("prepare_model") == 1 and "train" not in planned
         assert planned["extract"] == planned["organize"] == planned["decompose"] == 10
         assert "results/llm/smollm2/attention/sample9.zarr" in out
+    if "workflow/presets/prompts.yaml" in command:
+        # SmolLM2 on the project's prompts: the first 24 are the samples, prune holds out the others
+        stages = by_stage(planned)
+        assert planned.get("prepare_model") == 1 and planned.get("prune") == 1
+        assert stages["extract"] == stages["organize"] == stages["decompose"] == 24
+        assert "results/prompts/smollm2-prompts/attention/sample23.zarr" in out
 
 
 def test_changed_n_iters_reruns_organize_and_after_never_training(project):

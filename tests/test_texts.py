@@ -272,6 +272,7 @@ def texts_run(forms, tmp_path_factory):
     return work
 
 
+@pytest.mark.workflow
 def test_workflow_runs_texts_of_their_own_lengths_end_to_end(texts_run):
     from transformers import AutoTokenizer
 
@@ -295,6 +296,7 @@ def test_workflow_runs_texts_of_their_own_lengths_end_to_end(texts_run):
     assert "lines" in table1 or "|" in table1
 
 
+@pytest.mark.workflow
 def test_the_ablation_holds_out_the_texts_not_extracted(texts_run):
     log = (texts_run / "results" / "logs" / "lines" / "prune.log").read_text()
     m = re.search(r"held out: (\d+) texts of data.texts \((\d+) to (\d+) tokens\): \[([\d, ]+)\]; the extracted "
@@ -306,6 +308,7 @@ def test_the_ablation_holds_out_the_texts_not_extracted(texts_run):
     assert curves.count("\n") > 3
 
 
+@pytest.mark.workflow
 def test_editing_a_prompt_reruns_from_the_data(texts_run, forms):
     path = Path(forms["jsonl"][0])
     cfg = texts_config(forms)
@@ -321,6 +324,7 @@ def test_editing_a_prompt_reruns_from_the_data(texts_run, forms):
     assert jobs.get("prune", 0) == 0  # the other models' ablation reads nothing of it
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("edit, expect", [
     (lambda m, d: m["data"].update(texts=str(d / "missing.txt")), "models[0].data.texts: "),
     (lambda m, d: (d / "empty.jsonl").write_text("") or m["data"].update(texts=str(d / "empty.jsonl")),
