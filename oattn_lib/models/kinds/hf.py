@@ -2,7 +2,7 @@
 
 Its samples are either held-out texts of a corpus (`data.corpus`) of at least
 `extract.max_length` tokens, cut to that length by its own tokenizer, or the user's own texts
-(`data.texts`, `data.prompts`), one sample per text at its own length (truncated to
+(`data.texts`, docs/method.md §9.4.1), one sample per text at its own length (truncated to
 `extract.max_length` only where longer, which the log says), optionally wrapped in the
 tokenizer's chat template (`data.chat`). Its attention is recorded layer by layer from inside
 the forward pass, which runs in `extract.compute_dtype` (float32, bfloat16, float16 on a GPU;
