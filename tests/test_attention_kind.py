@@ -115,7 +115,11 @@ def test_a_directory_of_samples_of_their_own_lengths(tmp_path):
     (d / "notes.txt").write_text("not attention")
     model = model_entry(d, 4)
     assert adapter(model).n_candidates(model) == 4 and adapter(model).n_tokens(model) is None
-    assert adapter(model).input_files(model)[0] == str(d / "s0.npz")
+    # each sample's extract job reads its own file (a zarr store: its every file)
+    assert adapter(model).input_files(model) == [] and adapter(model).sample_files(model, [0]) == [str(d / "s0.npz")]
+    assert adapter(model).max_tokens(model) == 9
+    zarr_files = adapter(model).sample_files(model, [2])
+    assert zarr_files and all(f.startswith(str(d / "s2.zarr")) for f in zarr_files)
     for ds, arrays, (q, k) in zip(extract_all(model, tmp_path), given, shapes):
         assert (ds.sizes["query"], ds.sizes["key"]) == (q, k)
         np.testing.assert_array_equal(ds["probs"].values, arrays["probs"])
@@ -244,6 +248,11 @@ def readme_run(tmp_path_factory):
     cfg = workflow_config(work / "attention", 4)
     dry = snakemake(work, cfg, "-n")
     assert "prune" not in dry.stdout.split("Job stats:")[-1]
+    # samples of their own lengths are planned for the longest (16 x 16 tokens x 8 heads here):
+    # under the tiny config's jobs.batch_max_entries, one job per stage for all four
+    assert re.search(r"^extract_4_samples\s+1$", dry.stdout, re.M), dry.stdout[-2000:]
+    # run one job per sample, so that the edit below can show which samples rerun
+    cfg["jobs"] = {"batch_max_entries": 0}
     snakemake(work, cfg)
     return work
 
@@ -276,9 +285,13 @@ def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(rea
     first = dict(np.load(readme_run / "attention" / "sample000.npz"))
     first["probs"][1] = first["allowed"] / first["allowed"].sum(-1, keepdims=True)  # layer 1 uniform
     np.savez(readme_run / "attention" / "sample000.npz", **first)
-    jobs = snakemake(readme_run, workflow_config(readme_run / "attention", 4), "-n").stdout
-    # (every sample's extract: the files are the inputs of each extract job and of prepare_data)
-    assert re.search(r"^extract\s+4$", jobs, re.M) and re.search(r"^organize\s+4$", jobs, re.M), jobs[-2000:]
+    cfg = {**workflow_config(readme_run / "attention", 4), "jobs": {"batch_max_entries": 0}}
+    jobs = snakemake(readme_run, cfg, "-n").stdout
+    # that sample's extract and what follows it only: each extract job's inputs are its own files
+    assert re.search(r"^extract\s+1$", jobs, re.M) and re.search(r"^organize\s+1$", jobs, re.M), jobs[-2000:]
+    assert not re.search(r"^prepare_data\s+\d+$", jobs, re.M)
+    extracted = re.findall(r"output: \S*/attention/(sample\d+)\.zarr", jobs)
+    assert extracted == ["sample0"], extracted
 
 
 @pytest.mark.workflow

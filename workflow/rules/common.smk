@@ -168,10 +168,11 @@ def prepare_mem_mb(wildcards, input, attempt):
 
 
 def user_inputs(wildcards):
-    """The user's files a model's data is read from (kind attention: its attention files), so that
-    editing one reruns extract and what follows ([] for the other kinds)."""
+    """The user's files an extract job reads itself (kind attention: the files of its samples), so
+    that editing one reruns the analysis of its own samples only ([] for the other kinds)."""
     m = ANALYSED[wildcards.model]
-    return adapter(m).input_files(m)
+    wanted = [int(wildcards.sample)] if "sample" in wildcards.keys() else samples(wildcards.model)
+    return adapter(m).sample_files(m, wanted)
 
 
 def checkpoint_input(wildcards):

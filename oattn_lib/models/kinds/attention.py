@@ -51,6 +51,10 @@ class Attention(ModelKind):
     def n_tokens(self, model: dict) -> int | None:
         return attention_source(model).n_tokens()
 
+    def max_tokens(self, model: dict) -> int:
+        # the longest side of any sample: what a job of all samples is planned for
+        return max(max(s.n_query, s.n_key) for s in attention_source(model).samples)
+
     def n_units(self, model: dict) -> tuple[int, int]:
         return attention_source(model).n_units
 
@@ -60,10 +64,12 @@ class Attention(ModelKind):
     def ordered_samples(self, model: dict) -> bool:
         return True
 
-    def input_files(self, model: dict) -> list[str]:
-        """The files of the source; a zarr store's every file (its chunks included)."""
+    def sample_files(self, model: dict, samples) -> list[str]:
+        """The files holding `samples` (each sample i is the source's sample i); a zarr store's
+        every file (its chunks included). prepare_data reads none of them."""
+        source = attention_source(model)
         out = []
-        for f in attention_source(model).files:
+        for f in dict.fromkeys(source.samples[i].file for i in samples):
             p = Path(f)
             out += [str(p)] if p.is_file() else sorted(str(q) for q in p.rglob("*") if q.is_file())
         return out

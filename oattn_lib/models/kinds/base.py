@@ -125,8 +125,14 @@ class ModelKind(ABC):
         return False
 
     def input_files(self, model: dict) -> list[str]:
-        """Files of the user's the model's data is read from (prompts, attention files): inputs of
-        the rules that read them, so that editing one reruns what depends on it."""
+        """The user's files the model's data (`prepare_data`) is read from (prompts): inputs of that
+        rule, so that editing one reruns what depends on it."""
+        return []
+
+    def sample_files(self, model: dict, samples) -> list[str]:
+        """The user's files the extraction of `samples` (sample indices) reads itself (attention
+        files): inputs of their extract job, so that editing one file reruns the analysis of its
+        own samples only."""
         return []
 
     def config_problem(self, model: dict, index: int) -> str | None:
