@@ -315,14 +315,11 @@ class _HFExtraction(Extraction):
 
         return Sample(ids, tok.convert_ids_to_tokens(ids.tolist()), attrs, ids.size, *self.units, run)
 
-    def sample(self, index: int) -> Sample:
-        from ..hf import hf_attention_stream, hf_encode
+    def _one_text_sample(self, inputs: dict, attrs: dict) -> Sample:
+        """The sample of model inputs holding one text (a batch of one, no padding)."""
+        from ..hf import hf_attention_stream
 
-        net, tok = self.net, self.tok
-        if self.stack is not None:  # teacher forcing on the text itself
-            return self._seq2seq_sample(self.texts[index], self.texts[index], {})
-        inputs = hf_encode(net, tok, [self.texts[index]], max_length=self.max_len)
-        ids = inputs["input_ids"][0].cpu().numpy()
+        net, ids = self.net, inputs["input_ids"][0].cpu().numpy()
 
         def run(on_layer) -> int:
             def each(call):
@@ -331,8 +328,15 @@ class _HFExtraction(Extraction):
 
             return hf_attention_stream(net, inputs, each)
 
-        return Sample(ids, tok.convert_ids_to_tokens(ids.tolist()), {"compute_dtype": self.compute_dtype}, ids.size,
-                      *self.units, run)
+        return Sample(ids, self.tok.convert_ids_to_tokens(ids.tolist()), {**attrs, "compute_dtype": self.compute_dtype},
+                      ids.size, *self.units, run)
+
+    def sample(self, index: int) -> Sample:
+        from ..hf import hf_encode
+
+        if self.stack is not None:  # teacher forcing on the text itself
+            return self._seq2seq_sample(self.texts[index], self.texts[index], {})
+        return self._one_text_sample(hf_encode(self.net, self.tok, [self.texts[index]], max_length=self.max_len), {})
 
 
 class _TextsExtraction(_HFExtraction):
@@ -350,10 +354,8 @@ class _TextsExtraction(_HFExtraction):
     def sample(self, index: int) -> Sample:
         import torch
 
-        from ..hf import hf_attention_stream
-
-        net, tok = self.net, self.tok
-        ids, full = encode_text(tok, self.texts[index], chat=self.chat, max_length=self.max_len)
+        net = self.net
+        ids, full = encode_text(self.tok, self.texts[index], chat=self.chat, max_length=self.max_len)
         if full > len(ids):
             log.warning("%s text %d: %d tokens truncated to extract.max_length = %d", self.name, index, full,
                         len(ids))
@@ -365,17 +367,7 @@ class _TextsExtraction(_HFExtraction):
             return self._seq2seq_sample(self.texts[index], self.targets[index], attrs)
         inputs = {"input_ids": torch.tensor([ids], device=net.device),
                   "attention_mask": torch.ones((1, len(ids)), dtype=torch.long, device=net.device)}
-        arr = np.asarray(ids, dtype=np.int64)
-
-        def run(on_layer) -> int:
-            def each(call):
-                on_layer(call.index, call.scores[0], call.probs[0], None if call.allowed is None else call.allowed[0],
-                         call.n_kv_heads)
-
-            return hf_attention_stream(net, inputs, each)
-
-        return Sample(arr, tok.convert_ids_to_tokens(ids), {**attrs, "compute_dtype": self.compute_dtype}, arr.size,
-                      *self.units, run)
+        return self._one_text_sample(inputs, attrs)
 
 
 class _HFAblation(Ablation):
@@ -425,7 +417,8 @@ class _HFAblation(Ablation):
             texts, used, where = _read_user_texts(str(other), settings.get("field"), "prune.held_out.texts"), [], other
         else:
             texts, where = self.texts, "data.texts"
-        free = [i for i in range(len(texts)) if i not in set(used)]
+        taken = set(used)
+        free = [i for i in range(len(texts)) if i not in taken]
         if not free:
             raise ValueError(f"prune.held_out: every text of {where} is an extracted sample; lower "
                              "extract.n_samples or name other texts in prune.held_out.texts")
