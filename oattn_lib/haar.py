@@ -35,14 +35,14 @@ def _basis_cached(tree: PartitionTree):
     support = [np.array([n])]
     level = [np.array([0])]
     keys = [np.array([[-1, -1, -1]])]  # (level, smallest element of folder, rank)
-    idx = np.arange(n)
     for lev in range(tree.n_levels - 1):
         child = tree.labels[lev + 1]
         par = tree.parents[lev + 1]
         csize = tree.folder_sizes[lev + 1]
         n_child = np.bincount(par)
-        # rank of each child inside its parent: by size descending, then label
-        srt = np.lexsort((np.arange(par.size), -csize, par))
+        # rank of each child inside its parent: by size descending, then by its smallest item
+        # (docs/method.md §3.2: a property of the tree, not of how its folders are numbered)
+        srt = np.lexsort((tree.smallest_items[lev + 1], -csize, par))
         first_of_parent = np.searchsorted(par[srt], par[srt], side="left")
         rank = np.empty(par.size, dtype=np.int64)
         rank[srt] = np.arange(par.size) - first_of_parent
@@ -65,9 +65,7 @@ def _basis_cached(tree: PartitionTree):
         cols.append(same * vals / norm[None, :])
         support.append(tree.folder_sizes[lev][v_par])
         level.append(np.full(v_par.size, lev))
-        smallest = np.full(tree.n_folders(lev), n)
-        np.minimum.at(smallest, tree.labels[lev], idx)
-        keys.append(np.stack([np.full(v_par.size, lev), smallest[v_par], v_rank], 1))
+        keys.append(np.stack([np.full(v_par.size, lev), tree.smallest_items[lev][v_par], v_rank], 1))
     k = np.concatenate(keys)
     perm = np.lexsort((k[:, 2], k[:, 1], k[:, 0]))
     basis = np.concatenate(cols, axis=1)[:, perm]

@@ -1,7 +1,7 @@
 """Sweeps through a partition tree: folder means and Haar coefficients, split by split.
 
 The fast transforms behind the Haar expansions (docs/method.md §3.4) and the tree-EMD
-features (docs/method.md §4.2). A folder with m children, sorted by size descending (ties by label), is the chain
+features (docs/method.md §4.2). A folder with m children, sorted by size descending (ties by smallest item), is the chain
 of m - 1 binary splits "child i | children i+1..m" of its Haar vectors, so a tree on n
 items is a binary tree of n - 1 splits (a folder with one child adds none). The mean of
 a split is the size-weighted mean of its two parts, and the Haar coefficient of a split
@@ -78,10 +78,10 @@ def splits(tree: PartitionTree) -> Splits:
     count = n
     for lev in range(tree.n_levels - 2, -1, -1):
         par, csize, nf = tree.parents[lev + 1], tree.folder_sizes[lev + 1], tree.n_folders(lev)
-        srt = np.lexsort((np.arange(par.size), -csize, par))  # by parent, size desc, label
+        # by parent, size descending, smallest item (docs/method.md §3.2)
+        srt = np.lexsort((tree.smallest_items[lev + 1], -csize, par))
         bounds = np.searchsorted(par[srt], np.arange(nf + 1))
-        smallest = np.full(nf, n)
-        np.minimum.at(smallest, lab[lev], np.arange(n))
+        smallest = tree.smallest_items[lev]
         new = np.empty(nf, dtype=np.int64)
         start = count
         for f in range(nf):

@@ -86,6 +86,19 @@ class PartitionTree:
         return [np.bincount(self.labels[lev]) for lev in range(self.n_levels)]
 
     @cached_property
+    def smallest_items(self) -> list[np.ndarray]:
+        """Per level, the smallest item of each folder (indexed by folder label): one int64 array
+        of shape (n_folders(level),) per level. Distinct within a level, so it orders folders by
+        a property of the tree alone (the Haar basis's sibling ties, docs/method.md §3.2)."""
+        out = []
+        for lev in range(self.n_levels):
+            first = np.full(self.n_folders(lev), self.n, dtype=np.int64)
+            np.minimum.at(first, self.labels[lev], np.arange(self.n))
+            first.setflags(write=False)
+            out.append(first)
+        return out
+
+    @cached_property
     def parents(self) -> list[np.ndarray]:
         """Per level l >= 1, the parent folder (at l - 1) of each folder at l; level 0: [-1]."""
         out = [np.array([-1])]

@@ -130,13 +130,44 @@ def test_basis_written_out_by_hand():
         [1, 0, -1, 0, 0, 0] / r2,
         [0, 0, 0, 0, 1, -1] / r2,
     ]).T
-    # two children of equal size leave their order, hence the sign, open (docs/method.md §3.2)
-    tied = [4, 5]
+    # two children of equal size rank by their smallest item (docs/method.md §3.2): {0} before
+    # {2} and {4} before {5}, whatever the tree's sibling order, so no sign is left open
     for j in range(6):
-        got = b[:, j] * (np.sign(b[:, j] @ want[:, j]) if j in tied else 1.0)
-        np.testing.assert_allclose(got, want[:, j], atol=1e-12, err_msg=f"column {j}")
+        np.testing.assert_allclose(b[:, j], want[:, j], atol=1e-12, err_msg=f"column {j}")
     assert support.tolist() == [6, 6, 6, 3, 2, 2]
     assert level.tolist() == [0, 0, 0, 1, 2, 2]
+
+
+def _reversed_siblings(tree: PartitionTree) -> PartitionTree:
+    """The same folders with every folder's children in the reverse sibling order."""
+    return PartitionTree(tree.labels.max(1, keepdims=True) - tree.labels)
+
+
+@given(tree=trees_of_every_shape, seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=60, deadline=None)
+def test_basis_is_a_function_of_the_folders(tree, seed):
+    # the sibling order of a tree (how its builder numbered the folders) must not change the
+    # basis: equal-size children rank by smallest item, not by label (docs/method.md §3.2)
+    other = _reversed_siblings(tree)
+    b, support, level = haar_basis(tree)
+    b2, support2, level2 = haar_basis(other)
+    np.testing.assert_allclose(b2, b, rtol=0, atol=1e-13)
+    assert np.array_equal(support2, support) and np.array_equal(level2, level)
+    x = np.random.default_rng(seed).standard_normal((tree.n, 3, 2))
+    np.testing.assert_allclose(haar_sweep(torch.from_numpy(x.copy()), other, 0).numpy(),
+                               haar_sweep(torch.from_numpy(x.copy()), tree, 0).numpy(), rtol=0, atol=1e-12)
+
+
+def test_three_equal_children_rank_by_smallest_item():
+    # with three equal children the order changes the vectors, not only their signs: the first
+    # vector balances child 1 against children 2-3
+    labels = np.array([[0] * 6, [2, 1, 0, 2, 1, 0], [0, 1, 2, 3, 4, 5]])
+    b = haar_basis(PartitionTree(labels))[0]
+    # children {0, 3}, {1, 4}, {2, 5}: ranked {0, 3} first, then {1, 4}
+    want1 = np.array([2, -1, -1, 2, -1, -1]) / np.sqrt(12)
+    want2 = np.array([0, 1, -1, 0, 1, -1]) / 2
+    np.testing.assert_allclose(b[:, 1], want1, atol=1e-12)
+    np.testing.assert_allclose(b[:, 2], want2, atol=1e-12)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 16, 33, 197])
