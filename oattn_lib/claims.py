@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = ["HOLDS", "MIXED", "NOT_HERE", "NOT_RUN", "THRESHOLDS_TEXT", "Claim", "chance_jaccard",
            "claims_markdown", "claims_records", "claims_rst", "paper_number", "paraproduct_claim",
-           "pruning_claim", "recurrence_claim", "sparsity_claim"]
+           "pruning_claim", "recurrence_claim", "sparsity_claim", "stability_text"]
 
 HOLDS, NOT_HERE, MIXED, NOT_RUN = "holds", "does not hold here", "mixed", "not run"
 
@@ -91,6 +91,8 @@ class Claim:
     verdict: str
     value: float | None = None
     """The number the verdict is decided on (see each claim's function); None when not run."""
+    stability: str = ""
+    """Whether the verdict survives the replicate analyses (`stability_text`); "" when they were not run."""
 
 
 def chance_jaccard(n: int, k: int) -> float:
@@ -170,6 +172,23 @@ def pruning_claim(model: str, auc_low: float | None, auc_random: float | None, a
     return Claim(CLAIMS["pruning"], model, measured, paper, verdict, float(z))
 
 
+def stability_text(verdict: str, replicate_verdicts) -> str:
+    """Whether `verdict` holds in every replicate analysis (docs/method.md §14.4): "stable in R/R
+    replicates", or "flips in k/R replicates" with what it flips to."""
+    reps = list(replicate_verdicts)
+    if not reps:
+        return ""
+    flips = [v for v in reps if v != verdict]
+    if not flips:
+        return f"stable in {len(reps)}/{len(reps)} replicates"
+    to = ", ".join(f"{v} in {flips.count(v)}" for v in dict.fromkeys(flips))
+    return f"flips in {len(flips)}/{len(reps)} replicates ({to})"
+
+
+def _verdict_cell(c: Claim) -> str:
+    return f"**{c.verdict}**" + (f" ({c.stability})" if c.stability else "")
+
+
 def claims_records(claims) -> list[dict]:
     return [asdict(c) for c in claims]
 
@@ -181,7 +200,7 @@ def claims_markdown(claims) -> str:
 
     lines = ["| claim | model | measured here | paper | verdict |", "|:--|:--|:--|:--|:--|"]
     lines += [f"| {cell(c.claim)} | {cell(c.model)} | {cell(c.measured)} | {cell(c.paper) or '—'} | "
-              f"**{c.verdict}** |" for c in claims]
+              f"{cell(_verdict_cell(c))} |" for c in claims]
     return "\n".join(lines) + f"\n\n{THRESHOLDS_TEXT}\n"
 
 
@@ -197,5 +216,6 @@ def claims_rst(claims) -> str:
            "     - paper", "     - verdict"]
     for c in claims:
         out += [f"   * - {cell(c.claim)}", f"     - {cell(c.model)}", f"     - {cell(c.measured)}",
-                f"     - {cell(c.paper)}", f"     - **{cell(c.verdict)}**"]
+                f"     - {cell(c.paper)}", f"     - **{cell(c.verdict)}**"
+                + (f" ({cell(c.stability)})" if c.stability else "")]
     return "\n".join(out) + f"\n\n{cell(THRESHOLDS_TEXT)}\n"

@@ -19,7 +19,7 @@ from .units import resolve_unit
 
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
-           "softmax_free_bases"]
+           "softmax_free_bases", "stability_samples"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -301,6 +301,17 @@ def prune_settings(config: dict, model: dict) -> dict:
     return model.get("prune") or config["prune"]
 
 
+def stability_samples(model: dict) -> list[int]:
+    """The samples of a model that get stability replicates (`stability.samples`: the first n, or
+    all); [] when the model has no `stability` section (docs/method.md §14)."""
+    st = model.get("stability")
+    if not st:
+        return []
+    n = model["extract"]["n_samples"]
+    k = st.get("samples", "all")
+    return list(range(n if k == "all" else min(int(k), n)))
+
+
 def softmax_free_bases(config: dict) -> list[dict]:
     """The models the softmax-free experiment retrains (`softmax_free.models`, or every model
     that can be retrained with another attention when it is empty: txl and custom vit), in the
@@ -333,6 +344,11 @@ def check_config(config: dict) -> None:
         if m["extract"].get("compute_dtype") == "float16" and config.get("device") == "cpu":
             raise ConfigError(f"models[{i}].extract.compute_dtype: float16 runs on a GPU only, and device is cpu; "
                               "allowed: float32 or bfloat16 on the CPU")
+        st = m.get("stability")
+        if st and st["samples"] != "all" and isinstance(m["extract"]["n_samples"], int) \
+                and st["samples"] > m["extract"]["n_samples"]:
+            raise ConfigError(f"{where}.stability.samples: {st['samples']} exceeds extract.n_samples "
+                              f"({m['extract']['n_samples']}); allowed: 1..{m['extract']['n_samples']} or all")
         crop = m["extract"].get("crop")
         if crop and not crop[0] < crop[1]:
             raise ConfigError(f"{where}.extract.crop: start {crop[0]} must be below stop {crop[1]}")

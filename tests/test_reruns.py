@@ -24,8 +24,8 @@ pytestmark = pytest.mark.workflow
 # txl and vit (tiny) analyse both samples in one job per stage (organize_2_samples, ...), lm one
 # job per sample (jobs.batch_max_entries in the test config)
 ANALYSIS_AFTER_ORGANIZE = {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2,
-                           "entropy": 3, "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1,
-                           "summary": 1, "all": 1}
+                           "entropy": 3, "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer": 3,
+                           "explorer_index": 1, "summary": 1, "all": 1}
 
 
 @pytest.fixture(scope="module")

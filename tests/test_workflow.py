@@ -132,8 +132,9 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     cfg = copy.deepcopy(TINY)
     cfg["entropy"]["head_top_k"] = 9
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
-    assert jobs == {"entropy": 3, "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1,
-                    "summary": 1, "all": 1}
+    # stability: the replicates' entropies (txl and lm have a stability section)
+    assert jobs == {"entropy": 3, "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer": 3,
+                    "explorer_index": 1, "summary": 1, "all": 1}
 
 
 def test_changing_the_questionnaire_reruns_organize_and_after(run):
@@ -142,8 +143,16 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     # txl and vit: one job for both samples; lm: one per sample
     assert jobs == {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2, "entropy": 3,
-                    "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1, "summary": 1,
-                    "all": 1}
+                    "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1,
+                    "summary": 1, "all": 1}
+
+
+def test_changing_a_stability_section_reruns_that_models_stability_and_what_reads_it(run):
+    cfg = copy.deepcopy(TINY)
+    cfg["models"][0]["stability"]["replicates"] = 3
+    jobs = planned_jobs(snakemake(run, cfg, "-n"))
+    # its Tables 1-2 (ranges), the explorer that shows them, and the claims
+    assert jobs == {"stability": 1, "tables": 1, "explorer": 1, "explorer_index": 1, "summary": 1, "all": 1}
 
 
 def test_one_job_per_sample_again_reruns_the_per_sample_stages_only(run):

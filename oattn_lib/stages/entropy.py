@@ -13,10 +13,10 @@ from ..entropy import coarse_l1, l1_over_l2
 
 log = logging.getLogger("oattn")
 
-__all__ = ["entropy"]
+__all__ = ["entropy", "clamped_top_k"]
 
 
-def _top_k(top_k: int, supports: list, path, key: str, what: str) -> int:
+def clamped_top_k(top_k: int, supports: list, path, key: str, what: str) -> int:
     """`top_k`, or every coefficient of a sample that has fewer (with a warning naming `key`)."""
     total = int(np.prod([len(s) for s in supports]))
     if top_k <= total:
@@ -45,8 +45,8 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
         c2 = store.load_variable(ds, "bihaar", path, finite=True)
         # a sample of its own length (the user's texts, docs/method.md §9.4.1) may have fewer coefficients than top_k:
         # then all of them, recorded per sample and said in the log
-        k2 = _top_k(head_top_k, sup2, path, "entropy.head_top_k", "bi-Haar")
-        k3 = _top_k(network_top_k, sup2 + [ds["support_h"].values], path, "entropy.network_top_k", "tri-Haar")
+        k2 = clamped_top_k(head_top_k, sup2, path, "entropy.head_top_k", "bi-Haar")
+        k3 = clamped_top_k(network_top_k, sup2 + [ds["support_h"].values], path, "entropy.network_top_k", "tri-Haar")
         rows["head_top_k"].append(k2)
         rows["network_top_k"].append(k3)
         try:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from .. import store
 from ..entropy import extreme_heads, jaccard_stability
+from ..stability import bottom_sets, mean_pair_jaccard, replicate_sets, spread_text
 from ..trees import PartitionTree, level_agreement
 
 log = logging.getLogger("oattn")
@@ -64,12 +65,42 @@ def _architecture_note(arch: pd.DataFrame, n_samples: int) -> str:
     return text + "\n\n" + arch[cols].to_markdown(index=False, floatfmt=".3g") + "\n"
 
 
+def _replicated(stability_store, e: np.ndarray, fraction: float):
+    """From a stability store (docs/method.md §14): the whole-model replicates of the head entropies
+    (R, samples, units), the store, and each replicate's bottom / top counts and recurrence."""
+    stab = store.read_store(stability_store, require=("head_entropy", "network_entropy", "bootstrap_recurrence"))
+    sets, _ = replicate_sets(stab, e)
+    bottom, top = bottom_sets(sets, fraction, "bottom"), bottom_sets(sets, fraction, "top")
+    return stab, {"bottom": bottom.sum(1), "top": top.sum(1), "recurrence": mean_pair_jaccard(bottom)}
+
+
+def _per_sample_range(stab, name: str, n_s: int) -> list[str]:
+    """Each sample's range of `name` over its replicates ("" for a sample without replicates)."""
+    out = [""] * n_s
+    for s, v in zip(stab["sample"].values, stab[name].transpose("sample", "replicate").values):
+        out[int(s)] = spread_text(v)
+    return out
+
+
+def _stability_note(stab, rep: dict, n_s: int) -> str:
+    rec = stab["bootstrap_recurrence"].values
+    lo, hi = np.nanpercentile(rec, [2.5, 97.5]) if np.isfinite(rec).any() else (np.nan, np.nan)
+    n_rep = stab.sizes["replicate"] - 1
+    return (f"\nOver {n_rep} replicate analyses of samples {stab['sample'].values.tolist()} (docs/method.md §14; "
+            f"tables/stability.md): bottom-set Jaccard stability {spread_text(rep['recurrence'], '.3f')}; "
+            f"count_replicates is each count's range over them. Bootstrap over the {n_s} samples "
+            f"({rec.size} draws): Jaccard stability 95% interval {lo:.3f}–{hi:.3f}; count_bootstrap is each "
+            "count's 95% interval.\n")
+
+
 def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_table2_md,
            fraction: float = 0.1, model_name: str = "", organized_stores: list | None = None,
-           out_head_tree_csv=None) -> None:
+           out_head_tree_csv=None, stability_store=None) -> None:
     """Table 1 (most frequent top/bottom heads, Jaccard stability; with `organized_stores`, how the
     head tree's folders relate to layers and key/value heads, also written to
-    `out_head_tree_csv`) and Table 2 (network entropy)."""
+    `out_head_tree_csv`) and Table 2 (network entropy). With a `stability_store`, each count,
+    recurrence and network number also gets its range over the replicates and the recurrence its
+    bootstrap interval over samples (docs/method.md §14)."""
     ds = store.read_store(entropy_store, require=("head_entropy", "network_entropy"))
     e = ds["head_entropy"].values  # (sample, layer, head)
     n_s, n_layer, n_head = e.shape
@@ -79,6 +110,7 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
     jac = jaccard_stability(flat, fraction, "bottom")
     off = jac[~np.eye(n_s, dtype=bool)]
     mean_e = flat.mean(0)
+    stab, rep = _replicated(stability_store, flat, fraction) if stability_store is not None else (None, None)
     rows = []
     for which, counts in (("top", ext["top"]), ("bottom", ext["bottom"])):
         # most frequent first; ties: more extreme mean entropy first
@@ -89,6 +121,11 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
             rows.append({"model": model_name, "set": which, "rank": rank, "layer": int(layers[u // n_head]),
                          "head": int(heads[u % n_head]), "count": f"{int(counts[u])}/{n_s}",
                          "mean_entropy": float(mean_e[u])})
+            if rep is not None:  # the count's range over the replicates, and over the bootstrap's draws
+                c = rep[which][:, u]
+                b = np.percentile(stab[f"bootstrap_{which}_count"].values[:, u], [2.5, 97.5])
+                rows[-1] |= {"count_replicates": f"{spread_text(c, 'd')}/{n_s}",
+                             "count_bootstrap": f"{spread_text(b, '.0f')}/{n_s}"}
     t1 = pd.DataFrame(rows)
     stability = (float(off.mean()) if off.size else float("nan"))
     t2 = pd.DataFrame({"model": model_name, "sample": ds["sample"].values,
@@ -100,6 +137,10 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
     note1 = (f"\n\nSet size k = {ext['k']} of {n_layer * n_head} heads per sample. Bottom-{fraction:.0%} "
              f"Jaccard stability across {n_s} samples: mean {stability:.3f} "
              f"(min {off.min() if off.size else float('nan'):.3f}).\n")
+    if rep is not None:
+        note1 += _stability_note(stab, rep, n_s)
+        t2["network_entropy_replicates"] = _per_sample_range(stab, "network_entropy", n_s)
+        t2["network_sparsity_replicates"] = _per_sample_range(stab, "network_sparsity", n_s)
     if organized_stores:
         arch = head_tree_architecture(organized_stores)
         note1 += _architecture_note(arch, len(organized_stores))

@@ -9,7 +9,7 @@ import os
 import re
 
 from oattn_lib import fingerprint, softmax_free
-from oattn_lib.config import batched_samples, prune_settings
+from oattn_lib.config import batched_samples, prune_settings, stability_samples
 from oattn_lib.models import adapter
 from oattn_lib.runtime import KERNEL_MODULES
 from oattn_lib.models.files import is_gguf_model, resolve_hf
@@ -30,6 +30,8 @@ SF = config["softmax_free"]
 SF_DIR = f"{R}/{softmax_free.PREFIX}"
 SF_MODELS = softmax_free.run_models(config)
 ANALYSED = {**MODELS, **SF_MODELS}
+# the config's models with a `stability` section: name -> the samples that get replicates (stability.smk)
+STABLE = {name: stability_samples(m) for name, m in MODELS.items() if stability_samples(m)}
 FIGURES = [f"fig{i}" for i in range(1, 7)]
 
 
@@ -74,6 +76,7 @@ ATTENTION = store(f"{R}/{{model}}/attention/sample{{sample}}.zarr")
 ORGANIZED = store(f"{R}/{{model}}/organized/sample{{sample}}.zarr")
 DECOMPOSED = store(f"{R}/{{model}}/decomposed/sample{{sample}}.zarr")
 ENTROPY = store(f"{R}/{{model}}/entropy.zarr")
+STABILITY = store(f"{R}/{{model}}/stability.zarr")
 
 
 # -- jobs: one per sample, or one for all samples of a small model ------------------------
@@ -101,6 +104,11 @@ def all_samples(pattern, k):
 # the jobs after a rerun kernels job (an edit of emd.py planned kernels and not organize).
 # The kernels job reruns only when the kernels' own modules change, which every consumer runs.
 KERNELS = f"{R}/kernels/numba.json"
+
+
+def stability_stores(pattern):
+    """Input function: the per-sample stores of `pattern` of the model's stability samples."""
+    return lambda wildcards: [pattern.format(model=wildcards.model, sample=i) for i in STABLE[wildcards.model]]
 
 
 def attention_stores(wildcards):
@@ -191,10 +199,10 @@ def analysis_params(wildcards):
 
 def extraction_params(wildcards):
     """What extraction reads: the model, not the analysed quantity (both are stored) nor its
-    head-ablation settings (the prune rule's own params)."""
+    head-ablation and stability settings (the prune and stability rules' own params)."""
     m = ANALYSED[wildcards.model]
     ex = {k: v for k, v in m["extract"].items() if k not in ("quantity", "crop")}
-    return {**{k: v for k, v in m.items() if k not in ("extract", "prune")}, "extract": ex}
+    return {**{k: v for k, v in m.items() if k not in ("extract", "prune", "stability")}, "extract": ex}
 
 
 def _gpu_resources():
@@ -334,6 +342,9 @@ def summary_inputs(wildcards):
         inputs[f"table2csv_{name}"] = f"{R}/{name}/tables/table2.csv"
         inputs[f"entropy_{name}"] = ENTROPY.format(model=name)
         inputs[f"temperature_{name}"] = f"{R}/{name}/figures/temperature.json"
+        if name in STABLE:
+            inputs[f"stability_{name}"] = STABILITY.format(model=name)
+            inputs[f"stabilitymd_{name}"] = f"{R}/{name}/tables/stability.md"
         if name in PRUNED:
             inputs[f"table3_{name}"] = f"{R}/{name}/tables/table3.md"
             inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"

@@ -34,6 +34,8 @@ rule tables:
     input:
         entropy=ENTROPY,
         organized=organized_stores,
+        # intervals over the replicates where the model has a `stability` section (stability.smk)
+        stability=lambda wildcards: [STABILITY.format(model=wildcards.model)] if wildcards.model in STABLE else [],
     output:
         head_tree_csv=f"{R}/{{model}}/tables/head_tree.csv",
         table1_csv=f"{R}/{{model}}/tables/table1.csv",

@@ -1,0 +1,203 @@
+"""Stage `stability`: replicate analyses of a model's samples under perturbations that carry no
+information, a bootstrap over its samples, and a table of how far each measure moves
+(docs/method.md §14)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+
+from .. import store
+from ..entropy import coarse_l1, l1_over_l2
+from ..haar import bihaar, haar_basis, trihaar
+from ..paraproduct import paraproduct
+from ..questionnaire import questionnaire3d, questionnaire2d
+from ..runtime import resolve_device
+from ..stability import (PERTURBATIONS, REFERENCE, bootstrap_samples, head_tree_agreement, perturb, rename_tree, replicate_plan,
+                         replicate_rng, same_folders, stability_summary, unit_permutation_back)
+from .common import head_array, load_organization, model_mask, on_device, read_network
+from .entropy import clamped_top_k
+
+log = logging.getLogger("oattn")
+
+__all__ = ["stability", "sample_replicates"]
+
+
+def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
+    """The per-head and network measures of tensor x in trees (tree_q, tree_k, tree_h), as the
+    decompose and entropy stages compute them (docs/method.md §6)."""
+    xv = torch.from_numpy(np.ascontiguousarray(x)).to(resolve_device(device))
+    (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in trees)
+    c2 = bihaar(xv, trees[0], trees[1])
+    out = {"head_entropy": np.asarray(coarse_l1(c2, [sq, sk], [lq, lk], k2)),
+           "head_sparsity": np.asarray(l1_over_l2(c2, (0, 1)).cpu().numpy())}
+    del c2
+    c3 = trihaar(xv, *trees)
+    out["network_entropy"] = float(coarse_l1(c3, [sq, sk, sh], [lq, lk, lh], k3))
+    out["network_sparsity"] = float(l1_over_l2(c3.reshape(-1), 0))
+    return out
+
+
+def _residuals(heads: list, pert_name: str, rng_of) -> np.ndarray:
+    """Relative paraproduct residual of each figure head (scores g, allowed mask) after the
+    perturbation: its own 2-D organization and paraproduct (docs/method.md §7), NaN for sibling
+    (the paraproduct has no Haar basis, so no sibling ranks)."""
+    out = []
+    for i, (g, allowed, iters) in enumerate(heads):
+        if pert_name == "sibling":
+            out.append(float("nan"))
+            continue
+        if pert_name == REFERENCE:
+            gp, ap = g, allowed
+        else:
+            p = perturb(g[:, :, None], pert_name, rng_of(i))
+            gp = p.array[:, :, 0].astype(np.float64)
+            ap = allowed
+            if p.perms is not None and allowed is not None:
+                ap = allowed[np.ix_(p.perms[0], p.perms[1])]
+        tr, tc = questionnaire2d(gp, n_iters=iters)
+        out.append(float(paraproduct(gp, row_order=tr.order, col_order=tc.order, allowed=ap).relative_residual))
+    return np.asarray(out, dtype=np.float64)
+
+
+def sample_replicates(attention_store, organized_store, decomposed_store, *, sample: int, quantity: str, crop=None,
+                      organize: dict, head_top_k: int, network_top_k: int, settings: dict,
+                      questionnaire2d_iters: int = 10, device="cpu") -> xr.Dataset:
+    """Every replicate of one sample (`stability.replicate_plan`): its measures and whether its
+    trees are the reference's, as a Dataset over (replicate[, unit][, fig_head]). Replicate 0 is
+    the reference: the organized store's trees on the unperturbed tensor."""
+    net = read_network(attention_store, quantity, crop)
+    x = net.array
+    org, _ = load_organization(organized_store)
+    ref_trees = (org.tree_q, org.tree_k, org.tree_h)
+    dec = store.read_store(decomposed_store, require=("network_sparsity_random",), lazy=True)
+    random_sparsity = float(dec["network_sparsity_random"].values)
+    axes = [range(n) for n in x.shape]  # _top_k counts the coefficients: one per item of each axis
+    k2 = clamped_top_k(head_top_k, axes[:2], attention_store, "entropy.head_top_k", "bi-Haar")
+    k3 = clamped_top_k(network_top_k, axes, attention_store, "entropy.network_top_k", "tri-Haar")
+    unit_layer = net.unit_layer
+    kv = net.coords.get("unit_kv_group")
+    unit_kv = kv[1] if kv is not None and np.unique(kv[1]).size < np.unique(net.unit_head).size else None
+    figs = []
+    if settings["paraproduct"] and "fig_layer" in dec.coords and "paraproduct_not_run" not in dec.attrs:
+        att = store.read_store(attention_store, require=("scores",), lazy=True)
+        for layer, head in zip(dec["fig_layer"].values, dec["fig_head_index"].values):
+            g = head_array(att, "scores", int(layer), int(head), crop, where=attention_store).astype(np.float64)
+            figs.append((g, model_mask(att, int(layer), int(head), g, crop), questionnaire2d_iters))
+        ref_residual = dec["fig_rel_residual"].values.astype(np.float64)
+    plan = replicate_plan(settings["perturbations"], settings["replicates"])
+    rows = []
+    for r, (name, index) in enumerate(plan):
+        if name == REFERENCE:
+            measured, trees, perms = _measures(x, ref_trees, k2, k3, device), ref_trees, None
+        else:
+            rng = replicate_rng(settings["seed"], sample, name, index)
+            p = perturb(x, name, rng, settings["ulp_fraction"])
+            perms = p.perms
+            if p.organize:
+                o = questionnaire3d(on_device(p.array, device), **organize)
+                trees = (o.tree_q, o.tree_k, o.tree_h)
+                if perms is not None:  # relabel: the trees in the reference naming, on the reference tensor
+                    trees = tuple(rename_tree(t, np.argsort(pm)) for t, pm in zip(trees, perms))
+                    measured, perms = _measures(x, trees, k2, k3, device), None
+                else:
+                    measured = _measures(p.array, trees, k2, k3, device)
+            else:  # sibling: the reference trees, items renamed
+                measured = _measures(p.array, tuple(rename_tree(t, pm) for t, pm in zip(ref_trees, perms)),
+                                     k2, k3, device)
+                trees = ref_trees
+        pu = perms[2] if perms is not None else None
+        row = {"head_entropy": unit_permutation_back(measured["head_entropy"], pu),
+               "head_sparsity": unit_permutation_back(measured["head_sparsity"], pu),
+               "network_entropy": measured["network_entropy"], "network_sparsity": measured["network_sparsity"],
+               "sparsity_ratio": measured["network_sparsity"] / random_sparsity}
+        row["ari_layer"], row["ari_kv_group"] = head_tree_agreement(trees[2], unit_layer, unit_kv)
+        for axis, t, t0 in zip("qkh", trees, ref_trees):
+            row[f"same_tree_{axis}"] = same_folders(t, t0)
+        if figs:
+            # each figure head's own random state, apart from the tensor's (replicate_rng)
+            row["paraproduct_residual"] = (ref_residual if name == REFERENCE else _residuals(
+                figs, name, lambda i, n=name, j=index: np.random.default_rng(
+                    [int(settings["seed"]), int(sample), PERTURBATIONS.index(n), int(j), 1 + i])))
+        rows.append(row)
+        log.info("sample %d, replicate %d/%d (%s #%d): network entropy %.6g, trees %s", sample, r + 1, len(plan),
+                 name, index, row["network_entropy"],
+                 "".join(a if row[f"same_tree_{a}"] else "-" for a in "qkh") if name != REFERENCE else "reference")
+    data = {k: (("replicate", "unit"), np.stack([rw[k] for rw in rows])) for k in ("head_entropy", "head_sparsity")}
+    data |= {k: ("replicate", np.asarray([rw[k] for rw in rows])) for k in
+             ("network_entropy", "network_sparsity", "sparsity_ratio", "ari_layer", "ari_kv_group",
+              "same_tree_q", "same_tree_k", "same_tree_h")}
+    if figs:
+        data["paraproduct_residual"] = (("replicate", "fig_head"), np.stack([rw["paraproduct_residual"] for rw in rows]))
+    coords = {"perturbation": ("replicate", np.array([p for p, _ in plan], dtype=object)),  # vlen strings in zarr
+              "replicate_index": ("replicate", np.asarray([i for _, i in plan], dtype=np.int64)),
+              "unit_layer": net.coords["unit_layer"], "unit_head": net.coords["unit_head"]}
+    if figs:
+        coords |= {"fig_layer": ("fig_head", dec["fig_layer"].values),
+                   "fig_head_index": ("fig_head", dec["fig_head_index"].values)}
+    ds = xr.Dataset(data, coords=coords)
+    ds["head_top_k"], ds["network_top_k"] = k2, k3
+    return ds
+
+
+def stability(attention_stores: list, organized_stores: list, decomposed_stores: list, entropy_store, out,
+              out_csv, out_md, *, samples: list, quantity: str, crop=None, organize: dict, head_top_k: int,
+              network_top_k: int, settings: dict, fraction: float = 0.1, questionnaire2d_iters: int = 10,
+              model_name: str = "", config_slice: dict | None = None, code: str | None = None,
+              device="cpu") -> None:
+    """Replicates of the model's samples `samples` (their indices; attention_stores[i],
+    organized_stores[i] and decomposed_stores[i] are sample samples[i]'s), the bootstrap over all
+    its samples (from the entropy store), written to the store `out`, and the summary table
+    (`stability.stability_summary`) to `out_csv` / `out_md` (docs/method.md §14)."""
+    n = len(samples)
+    if not len(attention_stores) == len(organized_stores) == len(decomposed_stores) == n:
+        raise ValueError(f"stability: {len(attention_stores)} attention, {len(organized_stores)} organized and "
+                         f"{len(decomposed_stores)} decomposed stores for {n} samples; expected one of each per sample")
+    ent = store.read_store(entropy_store, require=("head_entropy", "network_entropy"), finite=("head_entropy",))
+    n_model = ent.sizes["sample"]
+    bad = [s for s in samples if not 0 <= s < n_model]
+    if bad:
+        raise ValueError(f"stability.samples: samples {bad} of a model with {n_model} samples ({entropy_store})")
+    per = []
+    for i, s in enumerate(samples):
+        log.info("sample %d (%d of %d)", s, i + 1, n)
+        per.append(sample_replicates(attention_stores[i], organized_stores[i], decomposed_stores[i], sample=s,
+                                     quantity=quantity, crop=crop, organize=organize, head_top_k=head_top_k,
+                                     network_top_k=network_top_k, settings=settings,
+                                     questionnaire2d_iters=questionnaire2d_iters, device=device))
+    ds = xr.concat(per, dim="sample", data_vars="all", coords="minimal", compat="override")
+    ds = ds.assign_coords(sample=np.asarray(samples, dtype=np.int64))
+    e_all = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(ent.sizes["sample"], -1)
+    # the entropy store's (layer, head) grid flattened is the units' layer-major order
+    boot = bootstrap_samples(e_all, fraction, settings["bootstrap"], settings["seed"])
+    net_e = ent["network_entropy"].values
+    ds["bootstrap_recurrence"] = ("draw", boot["recurrence"])
+    ds["bootstrap_bottom_count"] = (("draw", "unit"), boot["bottom_count"])
+    ds["bootstrap_top_count"] = (("draw", "unit"), boot["top_count"])
+    ds["bootstrap_network_entropy"] = ("draw", net_e[boot["draw_samples"]].mean(1))
+    ds.attrs = {"model": model_name, **store.provenance_attrs(config_slice or {}, code=code, fraction=fraction,
+                                                              n_model_samples=n_model)}
+    store.write_store(ds, out)
+    table = stability_summary(ds, fraction).assign(model=model_name)
+    store.atomic_write_text(out_csv, table.to_csv(index=False))
+    store.atomic_write_text(out_md, _summary_markdown(table, ds, settings))
+    log.info("stability: %d samples x %d replicates; trees identical to the reference: %s", len(samples),
+             ds.sizes["replicate"] - 1, ", ".join(f"{r.perturbation} {r.measure[-1]} {r.agreement:.0%}" for r in
+                                                  table[table["measure"].str.startswith("same_tree")].itertuples()))
+
+
+def _summary_markdown(table: pd.DataFrame, ds: xr.Dataset, settings: dict) -> str:
+    show = table.drop(columns=["model"])
+    rec = ds["bootstrap_recurrence"].values
+    lo, hi = np.nanpercentile(rec, [2.5, 97.5]) if np.isfinite(rec).any() else (np.nan, np.nan)
+    return (show.to_markdown(index=False, floatfmt=".3g")
+            + f"\n\nReplicates per sample of samples {ds['sample'].values.tolist()}: "
+            f"{', '.join(f'{p} {int((ds.perturbation.values == p).sum())}' for p in dict.fromkeys(ds.perturbation.values) if p != REFERENCE)}"
+            f" (ulp: {settings['ulp_fraction']:g} of the nonzero entries moved by one float32 step). spread: "
+            "|replicate - reference| / |reference| over samples, replicates (and heads); agreement: mean Jaccard "
+            "index of the replicate's bottom / top set with the reference's, or the fraction of replicates whose "
+            "tree has the reference's folders. Bootstrap over samples "
+            f"({settings['bootstrap']} draws): bottom-set recurrence 95% interval {lo:.3g}–{hi:.3g}.\n")

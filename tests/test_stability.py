@@ -1,0 +1,276 @@
+"""How far each number can be trusted (docs/method.md §14): the perturbations, the replicate
+analyses of the stability stage on stores written here, their summary recomputed from the stored
+replicates, the bootstrap over samples, and the claims' word on whether a verdict survives."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from oattn_lib import store
+from oattn_lib.claims import CLAIMS, HOLDS, MIXED, stability_text
+from oattn_lib.questionnaire import questionnaire3d
+from oattn_lib.stability import (REFERENCE, bootstrap_samples, bottom_sets, mean_pair_jaccard, perturb,
+                                 relative_spread, rename_tree, replicate_plan, replicate_sets, same_folders)
+from oattn_lib.stages.decompose import decompose
+from oattn_lib.stages.entropy import entropy
+from oattn_lib.stages.organize import organize
+from oattn_lib.stages.stability import stability
+from oattn_lib.stages.summary import replicate_verdicts
+from oattn_lib.trees import PartitionTree
+
+ORGANIZE = dict(n_iters=2, alpha=0.0, beta=1.0, constant=1.0, eps=1.0, head_uses_initial_trees=False)
+SETTINGS = dict(replicates=2, perturbations=["ulp", "float16", "relabel", "sibling"], ulp_fraction=0.05, seed=0,
+                bootstrap=300, paraproduct=True)
+
+
+def planted(seed: int, n: int = 24, n_layer: int = 2, n_head: int = 4) -> np.ndarray:
+    """(layer, head, query, key) scores with 3 query, 3 key and 2 head clusters, far apart, plus
+    small noise, each head at its own scale (so its entropy ranks it clearly): a structure every
+    analysis must find the same way."""
+    rng = np.random.default_rng(seed)
+    cq, ck = np.arange(n) % 3, (np.arange(n) // 2) % 3
+    ch = np.arange(n_layer * n_head) % 2
+    pattern = rng.permutation(18).reshape(3, 3, 2).astype(float)
+    x = pattern[cq[:, None, None], ck[None, :, None], ch[None, None, :]] + 0.01 * rng.random((n, n, n_layer * n_head))
+    x = x * (1.0 + 0.5 * rng.permutation(n_layer * n_head))[None, None, :]
+    return x.transpose(2, 0, 1).reshape(n_layer, n_head, n, n).astype(np.float32)
+
+
+def attention_store(path, scores: np.ndarray):
+    n_layer, n_head, n, _ = scores.shape
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    ds = xr.Dataset({"scores": (("layer", "head", "query", "key"), scores),
+                     "probs": (("layer", "head", "query", "key"), (e / e.sum(-1, keepdims=True)).astype(np.float32)),
+                     "allowed": (("layer", "query", "key"), np.ones((n_layer, n, n), dtype=bool))},
+                    coords={"layer": np.arange(n_layer), "head": np.arange(n_head), "query": np.arange(n),
+                            "key": np.arange(n), "kv_group": ("head", np.arange(n_head) // 2)},
+                    attrs={"model": "planted", "kind": "attention"})
+    store.write_store(ds, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory):
+    """Three planted samples through organize, decompose, entropy and stability (samples 0 and 1
+    replicated), as the workflow runs them."""
+    d = tmp_path_factory.mktemp("stability")
+    att, org, dec = ([d / f"{kind}{i}.zarr" for i in range(3)] for kind in ("att", "org", "dec"))
+    for i in range(3):
+        attention_store(att[i], planted(i))
+        organize(att[i], org[i], "scores", params=ORGANIZE)
+        decompose(att[i], org[i], dec[i], "scores", figure_heads=[[0, 0], [-1, -1]], questionnaire2d_iters=2,
+                  random_tree_seeds=1)
+    entropy(dec, d / "entropy.zarr", head_top_k=40, network_top_k=20)
+    stability(att[:2], org[:2], dec[:2], d / "entropy.zarr", d / "stability.zarr", d / "stability.csv",
+              d / "stability.md", samples=[0, 1], quantity="scores", organize=ORGANIZE, head_top_k=40,
+              network_top_k=20, settings=SETTINGS, fraction=0.25, questionnaire2d_iters=2, model_name="planted")
+    return d
+
+
+# -- perturbations ---------------------------------------------------------------------------
+def test_the_plan_has_the_reference_first_and_one_float16_replicate():
+    plan = replicate_plan(["sibling", "float16", "ulp"], 3)
+    assert plan == [(REFERENCE, 0), ("ulp", 0), ("ulp", 1), ("ulp", 2), ("float16", 0), ("sibling", 0),
+                    ("sibling", 1), ("sibling", 2)]
+    with pytest.raises(ValueError, match=r"stability.perturbations: \['jitter'\]"):
+        replicate_plan(["jitter"], 2)
+
+
+def test_ulp_moves_the_fraction_of_nonzero_entries_by_exactly_one_step():
+    rng = np.random.default_rng(0)
+    x = rng.random((10, 12, 5)).astype(np.float32)
+    x[:, :3] = 0.0  # masked entries: structure, never moved
+    p = perturb(x, "ulp", np.random.default_rng(1), ulp_fraction=0.1)
+    moved = p.array != x
+    assert moved.sum() == round(0.1 * np.count_nonzero(x)) and not moved[:, :3].any()
+    step = np.abs(p.array[moved].view(np.int32) - x[moved].view(np.int32))
+    assert (step == 1).all()  # one float32 step, up or down
+    assert (p.array[moved] > x[moved]).any() and (p.array[moved] < x[moved]).any()
+    again = perturb(x, "ulp", np.random.default_rng(1), ulp_fraction=0.1).array
+    assert np.array_equal(again, p.array)  # a replicate is a function of its random state
+
+
+def test_relabel_and_sibling_rename_every_axis():
+    x = np.random.default_rng(0).random((6, 7, 4)).astype(np.float32)
+    for name, organizes in (("relabel", True), ("sibling", False)):
+        p = perturb(x, name, np.random.default_rng(2))
+        pq, pk, pu = p.perms
+        assert p.organize is organizes
+        assert np.array_equal(p.array, x[pq][:, pk][:, :, pu])
+    p16 = perturb(x, "float16", None)
+    assert np.array_equal(p16.array, x.astype(np.float16).astype(np.float32)) and p16.perms is None
+
+
+def test_same_folders_ignores_sibling_order_and_nothing_else():
+    a = PartitionTree(np.array([[0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 2, 3]]))
+    swapped = PartitionTree(np.array([[0, 0, 0, 0], [1, 1, 0, 0], [3, 2, 1, 0]]))
+    other = PartitionTree(np.array([[0, 0, 0, 0], [0, 1, 0, 1], [0, 1, 2, 3]]))
+    assert a != swapped and same_folders(a, swapped)
+    assert not same_folders(a, other)
+    perm = np.array([2, 0, 3, 1])
+    assert same_folders(rename_tree(rename_tree(a, perm), np.argsort(perm)), a)
+
+
+def test_a_planted_organization_does_not_depend_on_the_item_order():
+    x = planted(0).transpose(2, 3, 0, 1).reshape(24, 24, 8)
+    ref = questionnaire3d(x, **ORGANIZE)
+    for seed in range(3):
+        p = perturb(x, "relabel", np.random.default_rng(seed))
+        o = questionnaire3d(p.array, **ORGANIZE)
+        for t, t0, pm in zip((o.tree_q, o.tree_k, o.tree_h), (ref.tree_q, ref.tree_k, ref.tree_h), p.perms):
+            assert same_folders(rename_tree(t, np.argsort(pm)), t0)
+
+
+# -- the stage -------------------------------------------------------------------------------
+def test_the_reference_replicate_is_the_entropy_stages_analysis(planted_run):
+    stab = store.read_store(planted_run / "stability.zarr")
+    ent = store.read_store(planted_run / "entropy.zarr")
+    r0 = int(np.flatnonzero(stab["perturbation"].values == REFERENCE)[0])
+    for i, s in enumerate(stab["sample"].values):
+        np.testing.assert_allclose(stab["head_entropy"].values[i, r0],
+                                   ent["head_entropy"].values[s].reshape(-1), rtol=1e-12)
+        np.testing.assert_allclose(stab["network_entropy"].values[i, r0], ent["network_entropy"].values[s],
+                                   rtol=1e-12)
+        np.testing.assert_allclose(stab["sparsity_ratio"].values[i, r0],
+                                   ent["network_sparsity"].values[s] / ent["network_sparsity_random"].values[s],
+                                   rtol=1e-12)
+
+
+def test_a_planted_structure_keeps_its_trees_and_numbers_in_every_replicate(planted_run):
+    stab = store.read_store(planted_run / "stability.zarr")
+    assert stab.sizes["replicate"] == 1 + 2 + 1 + 2 + 2 and list(stab["sample"].values) == [0, 1]
+    pert = stab["perturbation"].values
+    # float16 rounds the entries by up to 0.008 here, as much as the noise inside a cluster, so it
+    # may reorganize a cluster's inside; the information-free perturbations may not
+    for axis in "qkh":
+        assert stab[f"same_tree_{axis}"].values[:, pert != "float16"].all(), axis
+    ulp = stab["head_entropy"].values[:, pert == "ulp"]
+    ref = stab["head_entropy"].values[:, pert == REFERENCE]
+    assert np.abs(ulp - ref).max() <= 1e-5 * np.abs(ref).max()
+    f16 = stab["head_entropy"].values[:, pert == "float16"]
+    assert np.abs(f16 - ref).max() <= 1e-2 * np.abs(ref).max()
+    assert (bottom_sets(stab["head_entropy"].values, 0.25) == bottom_sets(np.repeat(ref, 8, 1), 0.25)).all()
+    # relabel gives the reference trees back, measured on the stored tensor: the same numbers
+    np.testing.assert_allclose(stab["head_entropy"].values[:, pert == "relabel"], np.repeat(ref, 2, 1), rtol=1e-12)
+
+
+def test_the_summary_table_is_recomputed_from_the_stored_replicates(planted_run):
+    stab = store.read_store(planted_run / "stability.zarr")
+    table = pd.read_csv(planted_run / "stability.csv").set_index(["measure", "perturbation"])
+    pert = stab["perturbation"].values
+    for p in ("ulp", "float16", "sibling"):
+        v = stab["head_entropy"].values  # (sample, replicate, unit)
+        ref = v[:, pert == REFERENCE]
+        rel = np.abs(v[:, pert == p] - ref) / np.abs(ref)
+        assert table.loc[("head_entropy", p), "spread_max"] == pytest.approx(rel.max(), rel=1e-9, abs=1e-300)
+        assert table.loc[("head_entropy", p), "spread_median"] == pytest.approx(np.median(rel), rel=1e-9, abs=1e-300)
+        n = stab["network_sparsity"].values
+        rel_n = np.abs(n[:, pert == p] - n[:, pert == REFERENCE]) / n[:, pert == REFERENCE]
+        assert table.loc[("network_sparsity", p), "spread_max"] == pytest.approx(rel_n.max(), rel=1e-9, abs=1e-300)
+        assert table.loc[("same_tree_h", p), "agreement"] == stab["same_tree_h"].values[:, pert == p].mean()
+        assert table.loc[("head_entropy", p), "replicates"] == (pert == p).sum()
+    # the sibling replicates rename the items of the Haar basis: the sums may move, the trees not
+    assert table.loc[("same_tree_q", "sibling"), "agreement"] == 1.0
+    assert np.isnan(stab["paraproduct_residual"].values[:, pert == "sibling"]).all()
+
+
+def test_the_bootstrap_pairs_only_distinct_samples():
+    e = np.random.default_rng(0).random((5, 20))
+    boot = bootstrap_samples(e, 0.2, 50, seed=3)
+    member = bottom_sets(e, 0.2)
+    for d in range(50):
+        idx = boot["draw_samples"][d]
+        pairs = [(a, b) for i, a in enumerate(idx) for b in idx[i + 1:] if a != b]
+        want = np.mean([(member[a] & member[b]).sum() / (member[a] | member[b]).sum() for a, b in pairs])
+        assert boot["recurrence"][d] == pytest.approx(want, rel=1e-12)
+        assert np.array_equal(boot["bottom_count"][d], member[idx].sum(0))
+    # identical samples recur perfectly in every draw, and only their copies pair with themselves
+    same = bootstrap_samples(np.tile(e[:1], (4, 1)), 0.2, 20)["recurrence"]
+    assert np.all((same == 1) | np.isnan(same))
+
+
+def test_replicate_sets_put_each_replicate_into_the_reference_samples():
+    ref = np.arange(12.0).reshape(3, 4)
+    stab = xr.Dataset({"head_entropy": (("sample", "replicate", "unit"), np.stack([ref[1], ref[1] + 100])[None])},
+                      coords={"sample": [1], "perturbation": ("replicate", [REFERENCE, "ulp"]),
+                              "replicate_index": ("replicate", [0, 0])})
+    sets, labels = replicate_sets(stab, ref)
+    assert labels == ["none #0", "ulp #0"]
+    np.testing.assert_array_equal(sets[0], ref)
+    np.testing.assert_array_equal(sets[1][[0, 2]], ref[[0, 2]])
+    np.testing.assert_array_equal(sets[1][1], ref[1] + 100)
+
+
+# -- claims ------------------------------------------------------------------------------------
+def test_a_verdict_that_flips_between_replicates_says_so():
+    assert stability_text(HOLDS, [HOLDS, HOLDS]) == "stable in 2/2 replicates"
+    assert stability_text(HOLDS, [HOLDS, MIXED, MIXED]) == "flips in 2/3 replicates (mixed in 2)"
+    assert stability_text(HOLDS, []) == ""
+
+
+def test_recurrence_that_holds_only_in_the_reference_is_reported_as_flipping(tmp_path):
+    # 3 samples x 10 heads: the reference's bottom sets agree perfectly (recurrence holds);
+    # replicate "ulp #1" moves sample 0's lowest heads to the top: its bottom set then shares nothing
+    rng = np.random.default_rng(0)
+    base = rng.random(10) + 1.0
+    ent = np.tile(base, (3, 1))
+    rep = np.stack([ent[0], ent[0] * (1 + 1e-7), np.where(base < np.sort(base)[2], 10.0, base)])  # (replicate, unit)
+    stab = xr.Dataset({"head_entropy": (("sample", "replicate", "unit"), rep[None]),
+                       "sparsity_ratio": (("sample", "replicate"), np.full((1, 3), 0.5))},
+                      coords={"sample": [0], "perturbation": ("replicate", np.array([REFERENCE, "ulp", "ulp"], dtype=object)),
+                              "replicate_index": ("replicate", [0, 0, 1])})
+    path = tmp_path / "stab.zarr"
+    store.write_store(stab, path)
+    at1 = {"2-D organized": None, "original": None, "random": None}
+    reps = replicate_verdicts(path, ent, np.full(3, 1.0), np.full(3, 2.0), 0.2, at1, skipped="no scores")
+    assert reps["sparsity"] == [HOLDS, HOLDS]
+    assert reps["recurrence"][0] == HOLDS and reps["recurrence"][1] != HOLDS
+    assert stability_text(HOLDS, reps["recurrence"]).startswith("flips in 1/2 replicates")
+    assert reps["paraproduct"] == []
+    member = bottom_sets(replicate_sets(stab, ent)[0], 0.2)
+    assert mean_pair_jaccard(member)[2] < 0.5 <= mean_pair_jaccard(member)[1]
+
+
+def test_relative_spread_is_zero_where_nothing_moved():
+    np.testing.assert_array_equal(relative_spread([0.0, 2.0, 3.0], [0.0, 1.0, 3.0]), [0.0, 1.0, 0.0])
+
+
+# -- the workflow ------------------------------------------------------------------------------
+@pytest.mark.workflow
+def test_the_workflow_gives_intervals_and_says_which_verdicts_survive(clean_run):
+    from wfutil import TINY
+
+    res = clean_run / "results"
+    replicated = {m["name"]: m for m in TINY["models"] if "stability" in m}
+    assert set(replicated) == {"txl", "lm"}
+    verdicts = pd.read_csv(res / "claims.csv").set_index(["model", "claim"])
+    for name, m in replicated.items():
+        stab = store.read_store(res / name / "stability.zarr")
+        n_samples = m["extract"]["n_samples"]
+        assert list(stab["sample"].values) == list(range(m["stability"].get("samples", n_samples)))
+        ent = store.read_store(res / name / "entropy.zarr")
+        r0 = int(np.flatnonzero(stab["perturbation"].values == REFERENCE)[0])
+        rows = stab["sample"].values
+        np.testing.assert_allclose(stab["network_entropy"].values[:, r0], ent["network_entropy"].values[rows],
+                                   rtol=1e-12)
+        # Table 2's range over the replicates holds every replicate and the table's own number
+        t2 = pd.read_csv(res / name / "tables" / "table2.csv", keep_default_na=False)
+        for i, s in enumerate(rows):
+            lo, _, hi = str(t2.loc[s, "network_entropy_replicates"]).partition("–")
+            lo, hi = float(lo), float(hi or lo)
+            v = stab["network_entropy"].values[i]
+            assert lo == pytest.approx(v.min(), rel=1e-3) and hi == pytest.approx(v.max(), rel=1e-3)
+            assert lo * (1 - 1e-3) <= t2.loc[s, "network_entropy"] <= hi * (1 + 1e-3)
+        assert all(t2.loc[s, "network_entropy_replicates"] == "" for s in range(n_samples) if s not in rows)
+        # each verdict of the model is decided in every replicate: stable in R/R, or flips in k/R
+        n_rep = stab.sizes["replicate"] - 1
+        for claim in ("sparsity", "recurrence"):
+            text = verdicts.loc[(name, CLAIMS[claim]), "stability"]
+            assert text == f"stable in {n_rep}/{n_rep} replicates" or text.startswith("flips in "), text
+    assert verdicts.loc["vit", "stability"].isna().all()  # no stability section, no word on it
+    summary = (res / "summary.md").read_text()
+    assert summary.count("### Stability (docs/method.md §14)") == 2
+    rows = [line for line in summary.splitlines() if line.startswith(f"| {CLAIMS['sparsity']} |")]
+    assert [(" replicates" in line) for line in rows] == [True, False, True]  # txl, vit, lm
