@@ -226,8 +226,8 @@ def random_tree(n: int, rng: np.random.Generator) -> PartitionTree:
 def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
     """docs/method.md §2.2 steps 1-2: the bi-stochastic-like normalisation and its top singular triplets.
 
-    Returns (phi, s) with phi[:, k] = u_k / phi_0 (signs fixed so row 0 is positive) and s
-    descending. phi_0 is the top vector of a connected graph, sqrt of the row sums of P1;
+    Returns (phi, s) with phi[:, k] = u_k / phi_0 (signs fixed by each coordinate's third moment)
+    and s descending. phi_0 is the top vector of a connected graph, sqrt of the row sums of P1;
     using it (rather than the first singular vector, which is arbitrary inside the
     eigenspace of 1 when the graph is disconnected) keeps the division safe.
     """
@@ -249,8 +249,41 @@ def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
     u, s = u[:, :k], s[:k]
     phi0 = d2 / np.linalg.norm(d2)
     phi = u / phi0[:, None]
-    sign = np.where(phi[0] < 0, -1.0, 1.0)
-    return phi * sign, s
+    # a sign that does not depend on which item is listed first (it sets the sibling order only,
+    # §2.4): the sign of each coordinate's third moment (sum of cubes), or of its largest-|.|
+    # entry where that moment is 0 to rounding
+    cubes = (phi ** 3).sum(0)
+    big = phi[np.argmax(np.abs(phi), axis=0), np.arange(phi.shape[1])]
+    sign = np.where(np.abs(cubes) > 1e-9 * (np.abs(phi) ** 3).sum(0), np.sign(cubes), np.sign(big))
+    return phi * np.where(sign == 0, 1.0, sign), s
+
+
+def _embedding_distances(phi: np.ndarray, s: np.ndarray, level: int) -> np.ndarray:
+    """docs/method.md §2.2 step 3: Euclidean distances between the items' diffusion coordinates at
+    time t = 2^(level - 1), (n, n) float64.
+
+    From coordinate differences (`scipy.spatial.distance.pdist`), never as |a|^2 + |b|^2 - 2 a.b:
+    that form cancels catastrophically once the coordinates decay, and at the coarse levels of an
+    LLM's trees it returned rounding noise or exact zeros, so rounding-level changes of the input
+    (or the order of the items) decided the merges. The trivial coordinate is left out where it
+    is constant (a connected graph): it carries nothing but rounding noise. Coordinate k is
+    scaled by s_k (s_k / s_max)^(t - 1) instead of s_k^t, s_max the largest kept s: every
+    distance by the same factor s_max^(t - 1), which the greedy merge does not see (it compares
+    distances with each other and with their median, §2.3), and no coordinate that matters
+    underflows at large t (0.055^512 is 0 in float64).
+    """
+    import scipy.spatial.distance
+
+    n = phi.shape[0]
+    col0 = phi[:, 0]
+    start = 1 if np.ptp(col0) <= 1e-8 * max(1.0, float(np.abs(col0).max())) else 0
+    if start >= phi.shape[1]:
+        return np.zeros((n, n))
+    ss = s[start:]
+    t = 2.0 ** (level - 1)
+    top = float(ss.max())
+    scale = ss * (ss / top) ** (t - 1) if top > 0 else ss ** t
+    return scipy.spatial.distance.squareform(scipy.spatial.distance.pdist(phi[:, start:] * scale[None, :]))
 
 
 def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
@@ -263,6 +296,29 @@ def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
     return d / counts[:, None] / counts[None, :]
 
 
+TIE_TOLERANCE = 1e-6
+"""Distances within this relative gap of the next smaller one count as equal in the greedy
+merge's orders (docs/method.md §2.3): ranked by node index, not by their last bits."""
+
+
+def tie_order(values: np.ndarray, tol: float = TIE_TOLERANCE) -> np.ndarray:
+    """argsort of nonnegative `values` along the last axis, in which a value within a relative
+    `tol` of the one before it in sorted order ranks with it, and such runs of near-equal values
+    rank by index: an exact tie, moved by a rounding error, keeps its order."""
+    order = np.argsort(values, axis=-1, kind="stable")
+    v = np.take_along_axis(values, order, axis=-1)
+    step = v[..., 1:] > v[..., :-1] * (1.0 + tol)
+    tied = ~step.all(axis=-1)  # only these rows can change (a 1-D input is one row)
+    if not tied.any():
+        return order
+    run = np.concatenate([np.zeros(v.shape[:-1] + (1,), dtype=np.int64), np.cumsum(step, axis=-1)], axis=-1)
+    if order.ndim == 1:
+        return order[np.lexsort((order, run))]
+    out = order.copy()
+    out[tied] = np.take_along_axis(order[tied], np.lexsort((order[tied], run[tied]), axis=-1), axis=-1)
+    return out
+
+
 def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
     """docs/method.md §2.3: group the current nodes at one level; returns a group id per node."""
     m = dist.shape[0]
@@ -270,12 +326,12 @@ def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
     np.fill_diagonal(dist, 999.0)
     med = float(np.median(dist))
     penalty = med / constant
-    nn_order = np.argsort(dist, axis=1, kind="stable")
+    nn_order = tie_order(dist)
     nn_dist = dist[np.arange(m), nn_order[:, 0]]
     group = np.arange(m)
     size = np.ones(m, dtype=np.int64)  # number of current nodes in each group (by group id)
     merges = 0
-    for i in np.argsort(nn_dist, kind="stable"):
+    for i in tie_order(nn_dist):
         if size[group[i]] > 1:
             continue
         # stop at the median; identical nodes (distance 0) always join (degenerate input)
@@ -320,9 +376,7 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
     node_of_leaf = np.arange(n)
     lev = 1
     while node_of_leaf.max() > 0:
-        emb = phi * s[None, :] ** (2.0 ** (lev - 1))
-        sq = (emb ** 2).sum(1)
-        d_leaf = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * emb @ emb.T, 0.0))
+        d_leaf = _embedding_distances(phi, s, lev)
         d_node = _node_means(d_leaf, node_of_leaf)
         group = _greedy_merge(d_node, constant)
         node_of_leaf = group[node_of_leaf]
