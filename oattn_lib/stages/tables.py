@@ -127,6 +127,8 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
                 rows[-1] |= {"count_replicates": f"{spread_text(c, 'd')}/{n_s}",
                              "count_bootstrap": f"{spread_text(b, '.0f')}/{n_s}"}
     t1 = pd.DataFrame(rows)
+    # each count beside its ranges, the mean entropy last
+    t1 = t1[[c for c in t1.columns if c != "mean_entropy"] + ["mean_entropy"]]
     stability = (float(off.mean()) if off.size else float("nan"))
     t2 = pd.DataFrame({"model": model_name, "sample": ds["sample"].values,
                        "network_entropy": ds["network_entropy"].values,
