@@ -319,8 +319,16 @@ def tie_order(values: np.ndarray, tol: float = TIE_TOLERANCE) -> np.ndarray:
     return out
 
 
-def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
-    """docs/method.md §2.3: group the current nodes at one level; returns a group id per node."""
+def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None) -> np.ndarray:
+    """docs/method.md §2.3: group the current nodes at one level; returns a group id per node.
+
+    `log`, a list, receives every decision as (decision, node i, node j or -1): "skip" (i is
+    already in a group), "stop" (the median stop), "penalty" (a refused merge with j), and the
+    outcome of i's turn, "join", "median", "2x nn" or "single" (`bench/near_ties.py` reads it)."""
+    def note(*entry):
+        if log is not None:
+            log.append(entry)
+
     m = dist.shape[0]
     dist = dist.copy()
     np.fill_diagonal(dist, 999.0)
@@ -333,24 +341,32 @@ def _greedy_merge(dist: np.ndarray, constant: float) -> np.ndarray:
     merges = 0
     for i in tie_order(nn_dist):
         if size[group[i]] > 1:
+            note("skip", i, -1)
             continue
         # stop at the median; identical nodes (distance 0) always join (degenerate input)
         if merges and nn_dist[i] >= med and nn_dist[i] > 0:
+            note("stop", i, -1)
             break
+        outcome = ("single", i, -1)
         for j in nn_order[i, : m - 1]:
             dij = dist[i, j]
             if merges and dij >= med and dij > 0:
+                outcome = ("median", i, j)
                 break
             # "next-nearest" means comparably near: an isolated node stays single for
             # this level rather than pairing with a far singleton (keeps leaf orders smooth)
             if dij > 2.0 * nn_dist[i]:
+                outcome = ("2x nn", i, j)
                 break
             gj = group[j]
             if size[gj] == 1 or dij < penalty * 2.0 ** (1 - size[gj]):
                 group[i] = gj
                 size[gj] += 1
                 merges += 1
+                outcome = ("join", i, j)
                 break
+            note("penalty", i, j)
+        note(*outcome)
     _, group = np.unique(group, return_inverse=True)
     return group
 

@@ -330,3 +330,14 @@ def test_a_flexible_tree_depends_on_the_affinity_not_on_its_last_bits_or_item_or
     assert same_folders(flexible_tree(b), ref)
     p = rng.permutation(a.shape[0])
     assert same_folders(rename_tree(flexible_tree(a[p][:, p]), np.argsort(p)), ref)
+
+
+def test_the_merge_log_records_the_joins_that_make_the_groups():
+    d = line([0, 1, 2, 3, 10, 30])
+    log = []
+    group = _greedy_merge(d, 1.0, log=log)
+    joined = {frozenset((int(i), int(j))) for what, i, j in log if what == "join"}
+    assert joined and all(group[i] == group[j] for i, j in map(tuple, joined))
+    # every node is visited or the level stops: the log names each decision of the loop
+    assert {what for what, _, _ in log} <= {"skip", "stop", "penalty", "join", "median", "2x nn", "single"}
+    assert np.array_equal(_greedy_merge(d, 1.0), group)  # the log changes nothing
