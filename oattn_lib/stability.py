@@ -34,7 +34,7 @@ import xarray as xr
 
 __all__ = ["PERTURBATIONS", "REFERENCE", "replicate_plan", "perturb", "same_folders", "unit_permutation_back",
            "head_tree_agreement", "relative_spread", "replicate_sets", "bottom_sets", "mean_pair_jaccard",
-           "bootstrap_samples", "stability_summary", "spread_text"]
+           "bootstrap_samples", "recurrence_interval", "stability_summary", "spread_text"]
 
 PERTURBATIONS = ("ulp", "float16", "relabel", "sibling")
 """The perturbations of a replicate, in the order a store lists them (module docstring)."""
@@ -220,6 +220,16 @@ def bootstrap_samples(entropies: np.ndarray, fraction: float, draws: int, seed: 
             "bottom_count": bottom[idx].sum(1).astype(np.int64),
             "top_count": top[idx].sum(1).astype(np.int64),
             "draw_samples": idx}
+
+
+def recurrence_interval(stab: xr.Dataset) -> tuple[float, float]:
+    """The 95% bootstrap interval of the bottom-set recurrence of a stability store (NaN draws,
+    one sample repeated, left out; NaNs when every draw is one)."""
+    rec = stab["bootstrap_recurrence"].values
+    if not np.isfinite(rec).any():
+        return float("nan"), float("nan")
+    lo, hi = np.nanpercentile(rec, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 # scalar measures of a sample and per-unit measures, as the summary lists them

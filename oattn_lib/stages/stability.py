@@ -17,7 +17,8 @@ from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire3d, questionnaire2d
 from ..runtime import resolve_device
 from ..stability import (PERTURBATIONS, REFERENCE, bootstrap_samples, head_tree_agreement, perturb, rename_tree, replicate_plan,
-                         replicate_rng, same_folders, stability_summary, unit_permutation_back)
+                         recurrence_interval, replicate_rng, same_folders, stability_summary,
+                         unit_permutation_back)
 from .common import head_array, load_organization, model_mask, on_device, read_network
 from .entropy import clamped_top_k
 
@@ -50,14 +51,11 @@ def _residuals(heads: list, pert_name: str, rng_of) -> np.ndarray:
         if pert_name == "sibling":
             out.append(float("nan"))
             continue
-        if pert_name == REFERENCE:
-            gp, ap = g, allowed
-        else:
-            p = perturb(g[:, :, None], pert_name, rng_of(i))
-            gp = p.array[:, :, 0].astype(np.float64)
-            ap = allowed
-            if p.perms is not None and allowed is not None:
-                ap = allowed[np.ix_(p.perms[0], p.perms[1])]
+        p = perturb(g[:, :, None], pert_name, rng_of(i))
+        gp = p.array[:, :, 0].astype(np.float64)
+        ap = allowed
+        if p.perms is not None and allowed is not None:
+            ap = allowed[np.ix_(p.perms[0], p.perms[1])]
         tr, tc = questionnaire2d(gp, n_iters=iters)
         out.append(float(paraproduct(gp, row_order=tr.order, col_order=tc.order, allowed=ap).relative_residual))
     return np.asarray(out, dtype=np.float64)
@@ -156,7 +154,7 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
     if not len(attention_stores) == len(organized_stores) == len(decomposed_stores) == n:
         raise ValueError(f"stability: {len(attention_stores)} attention, {len(organized_stores)} organized and "
                          f"{len(decomposed_stores)} decomposed stores for {n} samples; expected one of each per sample")
-    ent = store.read_store(entropy_store, require=("head_entropy", "network_entropy"), finite=("head_entropy",))
+    ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
     n_model = ent.sizes["sample"]
     bad = [s for s in samples if not 0 <= s < n_model]
     if bad:
@@ -173,11 +171,9 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
     e_all = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(ent.sizes["sample"], -1)
     # the entropy store's (layer, head) grid flattened is the units' layer-major order
     boot = bootstrap_samples(e_all, fraction, settings["bootstrap"], settings["seed"])
-    net_e = ent["network_entropy"].values
     ds["bootstrap_recurrence"] = ("draw", boot["recurrence"])
     ds["bootstrap_bottom_count"] = (("draw", "unit"), boot["bottom_count"])
     ds["bootstrap_top_count"] = (("draw", "unit"), boot["top_count"])
-    ds["bootstrap_network_entropy"] = ("draw", net_e[boot["draw_samples"]].mean(1))
     ds.attrs = {"model": model_name, **store.provenance_attrs(config_slice or {}, code=code, fraction=fraction,
                                                               n_model_samples=n_model)}
     store.write_store(ds, out)
@@ -191,8 +187,7 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
 
 def _summary_markdown(table: pd.DataFrame, ds: xr.Dataset, settings: dict) -> str:
     show = table.drop(columns=["model"])
-    rec = ds["bootstrap_recurrence"].values
-    lo, hi = np.nanpercentile(rec, [2.5, 97.5]) if np.isfinite(rec).any() else (np.nan, np.nan)
+    lo, hi = recurrence_interval(ds)
     return (show.to_markdown(index=False, floatfmt=".3g")
             + f"\n\nReplicates per sample of samples {ds['sample'].values.tolist()}: "
             f"{', '.join(f'{p} {int((ds.perturbation.values == p).sum())}' for p in dict.fromkeys(ds.perturbation.values) if p != REFERENCE)}"

@@ -9,7 +9,7 @@ import pandas as pd
 
 from .. import store
 from ..entropy import extreme_heads, jaccard_stability
-from ..stability import bottom_sets, mean_pair_jaccard, replicate_sets, spread_text
+from ..stability import bottom_sets, mean_pair_jaccard, recurrence_interval, replicate_sets, spread_text
 from ..trees import PartitionTree, level_agreement
 
 log = logging.getLogger("oattn")
@@ -83,13 +83,12 @@ def _per_sample_range(stab, name: str, n_s: int) -> list[str]:
 
 
 def _stability_note(stab, rep: dict, n_s: int) -> str:
-    rec = stab["bootstrap_recurrence"].values
-    lo, hi = np.nanpercentile(rec, [2.5, 97.5]) if np.isfinite(rec).any() else (np.nan, np.nan)
+    lo, hi = recurrence_interval(stab)
     n_rep = stab.sizes["replicate"] - 1
     return (f"\nOver {n_rep} replicate analyses of samples {stab['sample'].values.tolist()} (docs/method.md §14; "
             f"tables/stability.md): bottom-set Jaccard stability {spread_text(rep['recurrence'], '.3f')}; "
             f"count_replicates is each count's range over them. Bootstrap over the {n_s} samples "
-            f"({rec.size} draws): Jaccard stability 95% interval {lo:.3f}–{hi:.3f}; count_bootstrap is each "
+            f"({stab.sizes['draw']} draws): Jaccard stability 95% interval {lo:.3f}–{hi:.3f}; count_bootstrap is each "
             "count's 95% interval.\n")
 
 
