@@ -84,9 +84,9 @@ def traced_tree(affinity: np.ndarray, n_eigs: int = 12):
         record["phi"], record["s"] = phi, s
         return phi, s
 
-    def merge(dist, constant):
-        group = real_merge(dist, constant)
-        record["merges"].append((np.array(dist), group))
+    def merge(dist, constant, log=None, tiebreak=None):
+        group = real_merge(dist, constant, log=log, tiebreak=tiebreak)
+        record["merges"].append((np.array(dist), group, tiebreak))
         return group
 
     tr._diffusion_embedding, tr._greedy_merge = embed, merge
@@ -100,14 +100,17 @@ def traced_tree(affinity: np.ndarray, n_eigs: int = 12):
 
 
 # -- the greedy merge, with a log of its decisions ---------------------------------------------------
-def merge_log(dist: np.ndarray, constant: float = 1.0):
-    """The decisions of trees._greedy_merge on `dist` (its own log): (group, log, state); log
-    entries are (decision, node i, node j or -1)."""
+def merge_log(dist: np.ndarray, tiebreak: np.ndarray | None = None, constant: float = 1.0):
+    """The decisions of trees._greedy_merge on `dist` (and the tie-break it was given, its own
+    log): (group, log, state); log entries are (decision, node i, node j or -1)."""
     log = []
-    group = tr._greedy_merge(dist, constant, log=log)
+    group = tr._greedy_merge(dist, constant, log=log, tiebreak=tiebreak)
     d = dist.copy()
     np.fill_diagonal(d, 999.0)
-    nn_order = tr.tie_order(d)
+    t = None if tiebreak is None else tiebreak.copy()
+    if t is not None:
+        np.fill_diagonal(t, np.inf)
+    nn_order = tr.tie_order(d, secondary=t)
     nn_dist = d[np.arange(d.shape[0]), nn_order[:, 0]]
     return group, log, dict(dist=d, med=float(np.median(d)), nn_order=nn_order, nn_dist=nn_dist)
 
@@ -127,7 +130,7 @@ def _levels(record) -> list[np.ndarray]:
     """node_of_leaf before each merge (the input to level l's merge is levels[l])."""
     n = record["tree"].n
     out = [np.arange(n)]
-    for _, group in record["merges"]:
+    for _, group, _ in record["merges"]:
         out.append(group[out[-1]])
     return out
 
@@ -148,10 +151,10 @@ def first_flip(ref, rep, perm: np.ndarray, gap_tol: float):
         node_a, node_b = lev_a[lev - 1], lev_b[lev - 1]
         pos = {int(k): i for i, k in enumerate(_keys(node_a, items))}
         to_ref = np.array([pos[int(k)] for k in _keys(node_b, perm)])
-        dist_a, group_a = ref["merges"][lev - 1]
-        dist_b, _ = rep["merges"][lev - 1]
-        g_a, log_a, st_a = merge_log(dist_a)
-        _, log_b, st_b = merge_log(dist_b)
+        dist_a, group_a, tb_a = ref["merges"][lev - 1]
+        dist_b, _, tb_b = rep["merges"][lev - 1]
+        g_a, log_a, st_a = merge_log(dist_a, tb_a)
+        _, log_b, st_b = merge_log(dist_b, tb_b)
         m = dist_a.shape[0]
         inv = np.empty(m, dtype=np.int64)
         inv[to_ref] = np.arange(m)

@@ -298,29 +298,57 @@ def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
 
 TIE_TOLERANCE = 1e-6
 """Distances within this relative gap of the next smaller one count as equal in the greedy
-merge's orders (docs/method.md §2.3): ranked by node index, not by their last bits."""
+merge's orders (docs/method.md §2.3): ranked by the affinity the cut dropped, then by node
+index, never by their last bits."""
 
 
-def tie_order(values: np.ndarray, tol: float = TIE_TOLERANCE) -> np.ndarray:
-    """argsort of nonnegative `values` along the last axis, in which a value within a relative
-    `tol` of the one before it in sorted order ranks with it, and such runs of near-equal values
-    rank by index: an exact tie, moved by a rounding error, keeps its order."""
-    order = np.argsort(values, axis=-1, kind="stable")
-    v = np.take_along_axis(values, order, axis=-1)
+def _runs(v: np.ndarray, tol: float) -> np.ndarray:
+    """Run ids along the last axis of a sorted nonnegative `v`: a value within a relative `tol`
+    of the one before it shares its run."""
     step = v[..., 1:] > v[..., :-1] * (1.0 + tol)
-    tied = ~step.all(axis=-1)  # only these rows can change (a 1-D input is one row)
-    if not tied.any():
+    return np.concatenate([np.zeros(v.shape[:-1] + (1,), dtype=np.int64), np.cumsum(step, axis=-1)], axis=-1)
+
+
+def tie_order(values: np.ndarray, tol: float = TIE_TOLERANCE, secondary=None) -> np.ndarray:
+    """argsort of nonnegative `values` along the last axis, in which a value within a relative
+    `tol` of the one before it in sorted order ranks with it: an exact tie, moved by a rounding
+    error, keeps its order. Such runs of near-equal values rank by the nonnegative `secondary`
+    (same shape, or a function that returns it, called only where there is a tie; its own
+    near-equal values again within `tol`), then by index."""
+    values = np.asarray(values)
+    order = np.argsort(values, axis=-1, kind="stable")
+    run = _runs(np.take_along_axis(values, order, axis=-1), tol)
+    tied = run[..., -1] < values.shape[-1] - 1  # only these rows can change (a 1-D input is one row)
+    if not np.any(tied):
         return order
-    run = np.concatenate([np.zeros(v.shape[:-1] + (1,), dtype=np.int64), np.cumsum(step, axis=-1)], axis=-1)
+    rows = order[None] if order.ndim == 1 else order[tied]
+    run = run[None] if order.ndim == 1 else run[tied]
+    if secondary is not None:
+        sec = np.asarray(secondary() if callable(secondary) else secondary)
+        sec = np.take_along_axis(sec[None] if sec.ndim == 1 else sec[tied], rows, axis=-1)
+        by_sec = np.lexsort((sec, run), axis=-1)  # positions by run, then by secondary
+        sub = _runs(np.take_along_axis(sec, by_sec, axis=-1), tol)
+        # a new sub-run wherever the primary run changes too
+        sub = np.cumsum(np.concatenate([np.zeros(sub.shape[:-1] + (1,), dtype=np.int64),
+                                        (np.diff(sub, axis=-1) > 0) | (np.diff(np.take_along_axis(run, by_sec, axis=-1), axis=-1) > 0)],
+                                       axis=-1), axis=-1)
+        run = np.empty_like(sub)
+        np.put_along_axis(run, by_sec, sub, axis=-1)
+    ranked = np.take_along_axis(rows, np.lexsort((rows, run), axis=-1), axis=-1)
     if order.ndim == 1:
-        return order[np.lexsort((order, run))]
+        return ranked[0]
     out = order.copy()
-    out[tied] = np.take_along_axis(order[tied], np.lexsort((order[tied], run[tied]), axis=-1), axis=-1)
+    out[tied] = ranked
     return out
 
 
-def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None) -> np.ndarray:
+def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None,
+                  tiebreak=None) -> np.ndarray:
     """docs/method.md §2.3: group the current nodes at one level; returns a group id per node.
+
+    `tiebreak`, (m, m) nonnegative (or a function that returns it, called only if `dist` has a
+    tie), ranks the nodes of a tie in `dist` (smaller first) before their index does:
+    `flexible_tree` passes the node means of -log(affinity) before the cut.
 
     `log`, a list, receives every decision as (decision, node i, node j or -1): "skip" (i is
     already in a group), "stop" (the median stop), "penalty" (a refused merge with j), and the
@@ -334,32 +362,46 @@ def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None) ->
     np.fill_diagonal(dist, 999.0)
     med = float(np.median(dist))
     penalty = med / constant
-    nn_order = tie_order(dist)
+    memo = []
+
+    def secondary():
+        if not memo:
+            t = np.array(tiebreak() if callable(tiebreak) else tiebreak, dtype=np.float64)
+            np.fill_diagonal(t, np.inf)
+            memo.append(t)
+        return memo[0]
+
+    nn_order = tie_order(dist, secondary=None if tiebreak is None else secondary)
     nn_dist = dist[np.arange(m), nn_order[:, 0]]
+    # visit ties: the node nearer its nearest neighbour by the tie-break goes first
+    nn_tiebreak = None if tiebreak is None else (lambda: secondary()[np.arange(m), nn_order[:, 0]])
     group = np.arange(m)
     size = np.ones(m, dtype=np.int64)  # number of current nodes in each group (by group id)
+    # every comparison below counts values within TIE_TOLERANCE as equal: a near-tie with the
+    # median or a threshold is decided the same way whatever its last bits
+    lo, hi = 1.0 - TIE_TOLERANCE, 1.0 + TIE_TOLERANCE
     merges = 0
-    for i in tie_order(nn_dist):
+    for i in tie_order(nn_dist, secondary=nn_tiebreak):
         if size[group[i]] > 1:
             note("skip", i, -1)
             continue
         # stop at the median; identical nodes (distance 0) always join (degenerate input)
-        if merges and nn_dist[i] >= med and nn_dist[i] > 0:
+        if merges and nn_dist[i] >= med * lo and nn_dist[i] > 0:
             note("stop", i, -1)
             break
         outcome = ("single", i, -1)
         for j in nn_order[i, : m - 1]:
             dij = dist[i, j]
-            if merges and dij >= med and dij > 0:
+            if merges and dij >= med * lo and dij > 0:
                 outcome = ("median", i, j)
                 break
             # "next-nearest" means comparably near: an isolated node stays single for
             # this level rather than pairing with a far singleton (keeps leaf orders smooth)
-            if dij > 2.0 * nn_dist[i]:
+            if dij > 2.0 * nn_dist[i] * hi:
                 outcome = ("2x nn", i, j)
                 break
             gj = group[j]
-            if size[gj] == 1 or dij < penalty * 2.0 ** (1 - size[gj]):
+            if size[gj] == 1 or dij < penalty * 2.0 ** (1 - size[gj]) * lo:
                 group[i] = gj
                 size[gj] += 1
                 merges += 1
@@ -388,18 +430,31 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
     if n == 1:
         return PartitionTree(np.zeros((1, 1), dtype=np.int64))
     phi, s = _diffusion_embedding(a, n_eigs)
+    # ties of the diffusion distances (items the 1e-8 cut left equally unconnected, §2.3) rank
+    # by the affinity before the cut, which they still differ in
+    raw = []  # -log(affinity), computed at the first tie
+
+    def tiebreak(nodes):
+        if not raw:
+            raw.append(-np.log(np.maximum(a, 1e-300)))
+        return _node_means(raw[0], nodes)
+
     levels = [np.arange(n)]
     node_of_leaf = np.arange(n)
     lev = 1
     while node_of_leaf.max() > 0:
         d_leaf = _embedding_distances(phi, s, lev)
         d_node = _node_means(d_leaf, node_of_leaf)
-        group = _greedy_merge(d_node, constant)
+        group = _greedy_merge(d_node, constant, tiebreak=lambda nodes=node_of_leaf: tiebreak(nodes))
         node_of_leaf = group[node_of_leaf]
         levels.append(node_of_leaf.copy())
         lev += 1
-    # sibling order: by mean of psi_1 over each folder's leaves, at every level
-    psi1 = phi[:, 1] if phi.shape[1] > 1 else np.zeros(n)
+    # sibling order: by mean of psi_1 over each folder's leaves, at every level. psi_1 is the
+    # first coordinate whose eigenvalue is below the top one: on a disconnected graph (the 1e-8
+    # cut) the top eigenvalue repeats, once per component, and a vector inside that eigenspace
+    # is whatever the eigensolver returned
+    below = np.flatnonzero(s[1:] < s[0] * (1.0 - 1e-9)) + 1
+    psi1 = phi[:, below[0]] if below.size else np.zeros(n)
     keys = []
     for lab in levels[::-1]:  # root first
         means = np.bincount(lab, weights=psi1) / np.bincount(lab)
