@@ -128,20 +128,19 @@ def unit_permutation_back(values: np.ndarray, perm: np.ndarray | None) -> np.nda
     return out
 
 
-def head_tree_agreement(tree, unit_layer: np.ndarray, unit_kv_group: np.ndarray | None) -> tuple[float, float]:
+def head_tree_agreement(tree, unit_layer: np.ndarray, unit_head: np.ndarray,
+                        unit_kv_group: np.ndarray | None) -> tuple[float, float]:
     """The best adjusted Rand index, over the head tree's inner levels, of its folders against
-    the units' layers and (a grouped-query model) their key/value heads; NaN without inner levels
-    (or, for the second, without groups). The tables stage lists every level (docs/method.md §2.5)."""
-    from .trees import level_agreement
+    the units' layers and (a grouped-query model) their key/value heads
+    (`trees.architecture_agreement`); NaN without inner levels (or, for the second, without
+    groups). The tables stage lists every level (docs/method.md §2.5)."""
+    from .trees import architecture_agreement
 
-    inner = slice(1, tree.n_levels - 1)
     if tree.n_levels <= 2:
         return float("nan"), float("nan")
-    by_layer = float(np.max(level_agreement(tree, unit_layer)[inner]))
-    if unit_kv_group is None:
-        return by_layer, float("nan")
-    groups = unit_layer * (int(unit_kv_group.max()) + 1) + unit_kv_group
-    return by_layer, float(np.max(level_agreement(tree, groups)[inner]))
+    by_layer, by_kv = (v[1:tree.n_levels - 1] for v in architecture_agreement(tree, unit_layer, unit_head,
+                                                                                  unit_kv_group))
+    return float(np.max(by_layer)), float(np.max(by_kv))
 
 
 # -- summaries ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import scipy.sparse
 
 from ._arrays import check_affinity
 
-__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree", "level_agreement"]
+__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree", "level_agreement", "architecture_agreement"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -486,3 +486,17 @@ def level_agreement(tree: PartitionTree, labels) -> np.ndarray:
     if lab.shape != (tree.n,):
         raise ValueError(f"labels: expected one label per item, shape ({tree.n},), got {lab.shape}")
     return np.array([adjusted_rand_score(lab, level) for level in tree.labels], dtype=np.float64)
+
+
+def architecture_agreement(tree: PartitionTree, unit_layer, unit_head, unit_kv_group=None):
+    """`level_agreement` of a head tree against the heads' layers, and against their key/value
+    heads ((layer, kv_group) pairs) in a grouped-query model: one with fewer key/value groups
+    than heads; NaN otherwise (no groups, or a group per head). Two (n_levels,) arrays."""
+    layer = np.asarray(unit_layer, dtype=np.int64)
+    by_layer = level_agreement(tree, layer)
+    if unit_kv_group is None:
+        return by_layer, np.full(tree.n_levels, np.nan)
+    kv = np.asarray(unit_kv_group, dtype=np.int64)
+    if np.unique(kv).size >= np.unique(np.asarray(unit_head)).size:
+        return by_layer, np.full(tree.n_levels, np.nan)
+    return by_layer, level_agreement(tree, layer * (int(kv.max()) + 1) + kv)

@@ -294,6 +294,22 @@ def test_level_agreement_scores_each_level_against_a_labelling():
         level_agreement(tree, layer[:5])
 
 
+def test_architecture_agreement_scores_kv_groups_only_for_a_grouped_model():
+    from oattn_lib.trees import architecture_agreement
+    layer = np.repeat(np.arange(3), 4)
+    head = np.tile(np.arange(4), 3)
+    kv = head // 2  # 2 key/value heads per layer, numbered within the layer
+    tree = PartitionTree(np.stack([np.zeros(12, int), layer, layer * 2 + kv, np.arange(12)]))
+    by_layer, by_kv = architecture_agreement(tree, layer, head, kv)
+    # the groups are (layer, kv) pairs: level 2 is exactly them, not the kv index alone
+    np.testing.assert_allclose(by_layer[1], 1.0)
+    np.testing.assert_allclose(by_kv[2], 1.0)
+    # a group per head (multi-head attention) or no groups: nothing to score
+    assert np.isnan(architecture_agreement(tree, layer, head, head)[1]).all()
+    assert np.isnan(architecture_agreement(tree, layer, head, None)[1]).all()
+    np.testing.assert_array_equal(architecture_agreement(tree, layer, head, None)[0], by_layer)
+
+
 # -- rounding noise and item order (docs/method.md §2.2 step 3, §2.3) ----------------------------
 def test_an_exact_tie_in_the_greedy_merge_does_not_depend_on_a_one_ulp_change():
     # node 0 is at distance 1 from nodes 1 and 2 (and from 3 and 5): an exact tie, which ranks by

@@ -78,7 +78,7 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
     k3 = clamped_top_k(network_top_k, axes, attention_store, "entropy.network_top_k", "tri-Haar")
     unit_layer = net.unit_layer
     kv = net.coords.get("unit_kv_group")
-    unit_kv = kv[1] if kv is not None and np.unique(kv[1]).size < np.unique(net.unit_head).size else None
+    unit_kv = kv[1] if kv is not None else None
     figs = []
     if settings["paraproduct"] and "fig_layer" in dec.coords and "paraproduct_not_run" not in dec.attrs:
         att = store.read_store(attention_store, require=("scores",), lazy=True)
@@ -112,7 +112,7 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
                "head_sparsity": unit_permutation_back(measured["head_sparsity"], pu),
                "network_entropy": measured["network_entropy"], "network_sparsity": measured["network_sparsity"],
                "sparsity_ratio": measured["network_sparsity"] / random_sparsity}
-        row["ari_layer"], row["ari_kv_group"] = head_tree_agreement(trees[2], unit_layer, unit_kv)
+        row["ari_layer"], row["ari_kv_group"] = head_tree_agreement(trees[2], unit_layer, net.unit_head, unit_kv)
         for axis, t, t0 in zip("qkh", trees, ref_trees):
             row[f"same_tree_{axis}"] = same_folders(t, t0)
         if figs:

@@ -10,7 +10,7 @@ import pandas as pd
 from .. import store
 from ..entropy import extreme_heads, jaccard_stability
 from ..stability import bottom_sets, mean_pair_jaccard, recurrence_interval, replicate_sets, spread_text
-from ..trees import PartitionTree, level_agreement
+from ..trees import PartitionTree, architecture_agreement
 
 log = logging.getLogger("oattn")
 
@@ -27,12 +27,8 @@ def head_tree_architecture(organized_stores: list) -> pd.DataFrame:
     for i, path in enumerate(organized_stores):
         ds = store.read_store(path, require=("tree_h",))
         tree = PartitionTree(ds["tree_h"].values)
-        layer = ds["unit_layer"].values
-        by_layer = level_agreement(tree, layer)
-        grouped = "unit_kv_group" in ds and np.unique(ds["unit_kv_group"].values).size < np.unique(
-            ds["unit_head"].values).size
-        by_kv = (level_agreement(tree, layer * (int(ds["unit_kv_group"].values.max()) + 1)
-                                 + ds["unit_kv_group"].values) if grouped else np.full(tree.n_levels, np.nan))
+        by_layer, by_kv = architecture_agreement(tree, ds["unit_layer"].values, ds["unit_head"].values,
+                                                 ds["unit_kv_group"].values if "unit_kv_group" in ds else None)
         for lev in range(1, tree.n_levels - 1):
             rows.append({"sample": i, "level": lev, "folders": int(tree.labels[lev].max()) + 1,
                          "ari_layer": by_layer[lev], "ari_kv_group": by_kv[lev]})
