@@ -299,7 +299,8 @@ def built(clean_run, tmp_path_factory):
         n = 2
         optional = {k: (base / sub if (base / sub).exists() else None) for k, sub in
                     (("table3_csv", "tables/table3.csv"), ("table4_csv", "tables/table4.csv"),
-                     ("rankings_csv", "prune/rankings.csv"))}
+                     ("rankings_csv", "prune/rankings.csv"), ("stability_store", "stability.zarr"),
+                     ("stability_csv", "tables/stability.csv"))}
         path = out / name / "explorer.html"
         explorer(model, kind, [base / f"attention/sample{i}.zarr" for i in range(n)],
                  [base / f"organized/sample{i}.zarr" for i in range(n)],
@@ -549,6 +550,61 @@ def test_table_row_click_selects_its_head_and_headers_sort(open_page, built):
     p.shot("table-row-selected")
 
 
+def stability_truth(base, sample: int, n_head: int):
+    """From the stability store alone: each head's (unit = layer * n_head + head) largest relative
+    change of its Haar entropy over the sample's replicates, and its lowest and highest value
+    (the reference replicate included); None where the sample has no replicates."""
+    import xarray as xr
+
+    ds = xr.open_zarr(base / "stability.zarr", consolidated=False)
+    if sample not in ds["sample"].values.tolist():
+        return None
+    e = ds["head_entropy"].sel(sample=sample).transpose("replicate", "unit").values
+    unit = ds["unit_layer"].values * n_head + ds["unit_head"].values
+    ref = e[list(ds["perturbation"].values).index("none")]
+    change, lo, hi = (np.empty(unit.size) for _ in range(3))
+    change[unit] = (np.abs(e - ref) / np.abs(ref)).max(axis=0)
+    lo[unit], hi[unit] = e.min(axis=0), e.max(axis=0)
+    return change, lo, hi, len(ds["replicate"])
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("model", ["txl", "lm"])
+def test_the_grid_and_the_info_line_show_each_heads_spread_over_the_replicates(open_page, built, model):
+    from oattn_lib.explorer.build import STABILITY_METRIC
+
+    base = built["results"] / model
+    p = open_page(model)
+    n_head = p.js("window.oattn.data.meta.n_head")
+    assert any(t.startswith("Stability") for t in p.js("window.oattn.data.tables.map((t) => t.title)"))
+    p.after(lambda: p.pg.select_option("#metric", STABILITY_METRIC))
+    shown = 0
+    for pos in range(p.js("window.oattn.data.samples.length")):
+        sample = p.js(f"window.oattn.data.samples[{pos}].sample")
+        truth = stability_truth(base, sample, n_head)
+        if pos != p.js("window.oattn.state.sample"):
+            p.after(lambda: p.pg.select_option("#sample", str(pos)))
+        grid = p.z("grid").reshape(-1)
+        text = p.pg.locator("#entropy-range").inner_text()
+        if truth is None:
+            assert np.isnan(grid).all() and "no stability replicates" in text
+            continue
+        change, lo, hi, n_rep = truth
+        assert change.max() > 0  # the sibling replicates move some head
+        np.testing.assert_allclose(grid, change, rtol=1e-4, atol=1e-12)
+        # the head the most moved: its range in the info line, as the page rounds it (4 digits)
+        u = int(np.argmax(change))
+        if u != p.unit():
+            p.after(lambda: p.pg.select_option("#head", str(u)))
+        text = p.pg.locator("#entropy-range").inner_text()
+        got = [float(v) for v in re.findall(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", text.split("):")[1])]
+        np.testing.assert_allclose(got, [lo[u], hi[u]], rtol=1e-3)
+        assert f"over {n_rep} replicates" in text
+        shown += 1
+    assert shown >= 1
+    p.shot(f"{model}-stability")
+
+
 @pytest.mark.workflow
 def test_level_of_detail_page_averages_over_tree_folders(open_page, built):
     from oattn_lib.stages.common import load_organization
@@ -660,6 +716,14 @@ def test_the_workflow_pages_follow_the_config_and_the_stores(clean_run):
         np.testing.assert_allclose(grid, want, rtol=1e-3, atol=1e-6)
         # the prune stage ran in the tiny config: its rankings colour the grid too
         assert any(k.startswith("ablation: ") for k in data["metrics"])
+        # the stability stage ran for the models with a stability section: the rule passes its
+        # store (the grid metric, the ranges) and its table
+        from oattn_lib.explorer.build import STABILITY_METRIC
+
+        stable = "stability" in m
+        assert (STABILITY_METRIC in data["metrics"]) == stable
+        assert any(t["title"].startswith("Stability") for t in data["tables"]) == stable
+        assert (data["entropy_ranges"] is not None) == stable
 
 
 # -- causal heads and a subset store, in chromium ------------------------------------------------
@@ -705,7 +769,8 @@ def test_a_causal_heads_views_draw_its_masked_entries_as_masked(browser, causal_
     S = p.js("window.oattn.data.samples[0]")
     n = len(S["tokens"])
     for u in range(4):
-        p.after(lambda: p.pg.select_option("#head", str(u)))
+        if u != p.unit():
+            p.after(lambda: p.pg.select_option("#head", str(u)))
         x, a = synthetic_head(causal_pages["full_base"], u)
         assert a.all() == (u >= 2)
         o2 = S["o2d"][str(u)]

@@ -324,6 +324,17 @@ function drawInfo() {
     (S.info.label != null ? " (image label " + S.info.label + ")" : "")];
   metricNames.forEach((m) => parts.push(m + ": " + f(D.metrics[m][state.sample][u])));
   if (o2) parts.push("paraproduct relative residual: organized " + f(o2.rel) + ", unorganized " + f(o2.rel_unorganized));
+  // the stability stage's replicates of this sample (docs/method.md §14): the head's entropy range
+  const R = D.entropy_ranges ? D.entropy_ranges[state.sample] : null;
+  if (R && R.lo[u] != null) {
+    const n = {};
+    R.replicates.forEach((r) => { const p = r.split(" #")[0]; n[p] = (n[p] || 0) + 1; });
+    const what = Object.keys(n).map((p) => p === "none" ? "reference" : p + (n[p] > 1 ? " ×" + n[p] : "")).join(", ");
+    parts.push("<span id='entropy-range'>Haar entropy over " + R.replicates.length + " replicates (" + what + "): " +
+      f(R.lo[u]) + " – " + f(R.hi[u]) + "</span>");
+  } else if (D.entropy_ranges) {
+    parts.push("<span id='entropy-range'>Haar entropy: this sample has no stability replicates</span>");
+  }
   $("info").innerHTML = parts.join(" · ");
 }
 function drawTables() {

@@ -13,7 +13,12 @@ from .encode import Plan, encode_sample, encoded_bytes, full_head_bytes, plan, r
 
 log = logging.getLogger("oattn")
 
-__all__ = ["model_payload", "figure_units", "table_payload", "ablation_metrics", "units_of"]
+__all__ = ["model_payload", "figure_units", "table_payload", "ablation_metrics", "units_of", "stability_payload",
+           "STABILITY_METRIC"]
+
+STABILITY_METRIC = "Haar entropy: largest change over replicates (relative)"
+"""The grid metric of a model with a stability stage (docs/method.md §14): per head, the largest
+|replicate - reference| / |reference| of its Haar entropy over the sample's replicates."""
 
 # the rankings of the prune stage (oattn_lib.ablation.RANKINGS) that score heads by something
 # other than the Haar entropy the grid already shows; random orders score nothing
@@ -65,6 +70,39 @@ def ablation_metrics(rankings_csv, layers, heads) -> dict:
     return out
 
 
+def stability_payload(stability_store, samples, layers, heads) -> tuple[list, list]:
+    """What the page shows of the stability stage (docs/method.md §14) for the page's `samples`
+    (the entropy store's sample ids): per sample, the (unit,) values of STABILITY_METRIC, and
+    {"lo", "hi"} (unit,) ranges of each head's Haar entropy over its replicates, the reference
+    included, with the replicates' labels; a sample without replicates has NaNs and None."""
+    from ..stability import REFERENCE, relative_spread
+
+    ds = store.read_store(stability_store, require=("head_entropy",))
+    units = units_of(ds["unit_layer"].values, ds["unit_head"].values, layers, heads, f"{stability_store}: unit")
+    n_units = len(layers) * len(heads)
+    ent = ds["head_entropy"].transpose("sample", "replicate", "unit").values.astype(np.float64)
+    pert = [str(v) for v in ds["perturbation"].values]
+    if pert.count(REFERENCE) != 1:
+        raise ValueError(f"{stability_store}: expected one reference replicate ({REFERENCE!r}), perturbations {pert}")
+    ref = pert.index(REFERENCE)
+    labels = [f"{p} #{int(i)}" for p, i in zip(pert, ds["replicate_index"].values)]
+    where = {int(v): i for i, v in enumerate(ds["sample"].values)}
+    metric, ranges = [], []
+    for sample in samples:
+        v = np.full(n_units, np.nan)
+        if int(sample) not in where:
+            metric.append(round_values(v))
+            ranges.append(None)
+            continue
+        e = ent[where[int(sample)]]  # (replicate, unit in the store's order)
+        v[units] = relative_spread(e, e[ref]).max(axis=0)
+        lo, hi = np.full(n_units, np.nan), np.full(n_units, np.nan)
+        lo[units], hi[units] = e.min(axis=0), e.max(axis=0)
+        metric.append(round_values(v))
+        ranges.append({"lo": round_values(lo, 7), "hi": round_values(hi, 7), "replicates": labels})
+    return metric, ranges
+
+
 def table_payload(title: str, csv, select: str, note: str = "") -> dict:
     """A table for the page: columns, rows (numbers rounded), and what a click on a row selects
     (`head`: a (layer, head) row, `sample`, or `ranking`: the grid shows its scores)."""
@@ -97,9 +135,11 @@ def _measured(s0, orgs0, n_q: int, n_k: int, n_units: int):
 def model_payload(model: str, kind: str, attention_stores: list, organized_stores: list,
                   decomposed_stores: list, entropy_store, tables: list[dict], rankings_csv=None, *,
                   quantity: str, crop=None, figure_heads=((0, 0),), heads_2d: int = 8,
-                  questionnaire2d_iters: int = 10, max_side: int = 128, data_bytes: int = 9_000_000) -> dict:
+                  questionnaire2d_iters: int = 10, max_side: int = 128, data_bytes: int = 9_000_000,
+                  stability_store=None) -> dict:
     """Everything the page shows of a model: per-head metrics, per-sample heads at the planned
-    resolution, tables; `meta` says what is shown at which resolution."""
+    resolution, tables, and with a `stability_store` each head's entropy range over the
+    replicates (`stability_payload`); `meta` says what is shown at which resolution."""
     if not (len(attention_stores) == len(organized_stores) == len(decomposed_stores) > 0):
         raise ValueError(f"attention_stores, organized_stores, decomposed_stores: need one per sample, got "
                          f"{len(attention_stores)}, {len(organized_stores)}, {len(decomposed_stores)}")
@@ -162,6 +202,9 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
                "l1/l2 sparsity (lower is sparser)": [round_values(v) for v in sparsity]}
     for name, v in ablation_metrics(rankings_csv, layers, heads).items():
         metrics[name] = [round_values(v)] * n_s
+    ranges = None
+    if stability_store is not None:
+        metrics[STABILITY_METRIC], ranges = stability_payload(stability_store, ent["sample"].values, layers, heads)
     meta = {"model": model, "kind": kind, "quantity": quantity, "n_layer": n_layer, "n_head": n_head,
             "layers": layers, "heads": heads, "model_layers": model_size[0], "model_heads": model_size[1],
             "masked": masked,
@@ -171,4 +214,4 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
             "figure_units": fig_units, "units_2d": units2d, "heads_2d": heads_2d,
             "questionnaire2d_iters": questionnaire2d_iters, "plan": p.describe(),
             "build_seconds": {"total": round(time.perf_counter() - t0, 2), "organize_2d": round(t2d, 2)}}
-    return {"meta": meta, "metrics": metrics, "samples": samples, "tables": tables}
+    return {"meta": meta, "metrics": metrics, "samples": samples, "tables": tables, "entropy_ranges": ranges}

@@ -16,9 +16,11 @@ __all__ = ["explorer", "explorer_index"]
 def explorer(model: str, kind: str, attention_stores: list, organized_stores: list, decomposed_stores: list,
              entropy_store, table1_csv, table2_csv, out, *, quantity: str, crop=None, figure_heads,
              questionnaire2d_iters: int, heads_2d: int, max_side: int, data_mb: float,
-             table3_csv=None, table4_csv=None, rankings_csv=None) -> None:
+             table3_csv=None, table4_csv=None, rankings_csv=None, stability_store=None, stability_csv=None) -> None:
     """Write `out`, the explorer page of one model: its samples, head grid, diffusion map of heads,
-    the four views of the selected head and Tables 1-2 (3-4 where the prune stage ran).
+    the four views of the selected head and Tables 1-2 (3-4 where the prune stage ran; with the
+    stability stage's store and table, each head's entropy range over the replicates and the
+    spread of every measure).
 
     data_mb bounds the embedded data (before compression); plotly.js comes on top."""
     tables = [table_payload("Table 1: most frequent top and bottom heads by Haar entropy", table1_csv, "head",
@@ -31,10 +33,16 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
     if table4_csv is not None:
         tables.append(table_payload("Table 4: stability of each ranking", table4_csv, "ranking",
                                     "Click a row to colour the head grid by that ranking's scores."))
+    if stability_csv is not None:
+        tables.append(table_payload("Stability: how far each measure moves under perturbations that carry no "
+                                    "information (docs/method.md §14)", stability_csv, "none",
+                                    "spread: |replicate - reference| / |reference|, median and max over heads, "
+                                    "samples and replicates; agreement: Jaccard of the head sets, or the fraction "
+                                    "of replicates that kept a tree."))
     payload = model_payload(model, kind, attention_stores, organized_stores, decomposed_stores, entropy_store,
                             tables, rankings_csv, quantity=quantity, crop=crop, figure_heads=figure_heads,
                             heads_2d=heads_2d, questionnaire2d_iters=questionnaire2d_iters, max_side=max_side,
-                            data_bytes=int(data_mb * 1e6))
+                            data_bytes=int(data_mb * 1e6), stability_store=stability_store)
     store.atomic_write_text(out, render_page(payload))
     size = os.path.getsize(out) / 1e6
     log.info("explorer %s: %s, %.2f MB (%s)", model, out, size,

@@ -368,4 +368,9 @@ def explorer_inputs(wildcards):
             "table4": f"{R}/{wildcards.model}/tables/table4.csv",
             "rankings": f"{R}/{wildcards.model}/prune/rankings.csv",
         }
+    if wildcards.model in STABLE:
+        inputs |= {
+            "stability": STABILITY.format(model=wildcards.model),
+            "stability_table": f"{R}/{wildcards.model}/tables/stability.csv",
+        }
     return inputs
