@@ -9,12 +9,13 @@ The Python API (`api`), on labelled xarray objects, is exported here and importe
 use (PEP 562), so `import oattn_lib` imports neither torch nor transformers:
 `extract` (attention of a Hugging Face model on prompts), `organize` (the 3-D
 questionnaire), `entropies` (Haar entropies and sparsity), `paraproduct_residual`
-(Theorem 1 on one head) and `explorer_page` (the interactive page). examples/api_tour.py
+(Theorem 1 on one head), `stability_replicates` (how far those numbers move under perturbations that
+carry no information) and `explorer_page` (the interactive page). examples/api_tour.py
 walks through them.
 """
 from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-_EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "explorer_page")}
+_EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page")}
 __all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

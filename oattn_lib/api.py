@@ -7,6 +7,8 @@ xarray objects instead of stores.
   organize stage stores.
 - `entropies`: the per-head and network l1 entropies and l1/l2 sparsity (§6.2, §6.3).
 - `paraproduct_residual`: Theorem 1 on one head, its paraproduct residual (§7).
+- `stability_replicates`: how far each of those numbers moves under perturbations that carry no
+  information (§14): replicate analyses of each sample, as the stability stage makes them.
 - `explorer_page`: the interactive explorer page of what was computed.
 
 Each function calls the code the workflow's stages call (`models.hf`, `stages.organize`,
@@ -29,7 +31,7 @@ import xarray as xr
 
 log = logging.getLogger("oattn")
 
-__all__ = ["extract", "organize", "entropies", "paraproduct_residual", "explorer_page"]
+__all__ = ["extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page"]
 
 _HEAD_DIMS = ("layer", "head", "query", "key")
 _UNIT_DIMS = ("query", "key", "unit")
@@ -499,24 +501,8 @@ def explorer_page(attention, organization, path, *, model: str | None = None, fi
     from .stages.tables import tables
     from .store import write_store
 
-    samples = [attention] if isinstance(attention, xr.Dataset) else list(attention)
-    orgs = [organization] if isinstance(organization, xr.Dataset) else list(organization)
-    if not samples or not all(isinstance(s, xr.Dataset) and {"scores", "probs"} <= set(s.data_vars)
-                              for s in samples):
-        raise ValueError("attention: expected a Dataset from `extract` (with scores and probs) or a list of them")
-    if len(orgs) != len(samples) or not all(isinstance(o, xr.Dataset) and "tree_q" in o for o in orgs):
-        raise ValueError(f"organization: expected one `organize` Dataset per sample ({len(samples)}), got "
-                         f"{len(orgs)}")
+    samples, orgs, quantity = _samples_and_organizations(attention, organization, need_scores=True, one_length=True)
     sizes = {(s.sizes["query"], s.sizes["key"]) for s in samples}
-    if len(sizes) > 1:
-        raise ValueError(f"attention: the samples of one page need one number of tokens, got {sorted(sizes)}; "
-                         "write one page per sample")
-    quantities = {o.attrs.get("quantity") for o in orgs}
-    if len(quantities) != 1 or None in quantities:
-        raise ValueError(f"organization: the samples were organized on different quantities {quantities}")
-    quantity = quantities.pop()
-    for s, o in zip(samples, orgs):
-        _organization(o, _network(s, quantity)[0])
     settings = {**_defaults("explorer"), **{k: v for k, v in (("heads_2d", heads_2d), ("max_side", max_side),
                                                                 ("data_mb", data_mb)) if v is not None}}
     figure_heads = _or_default(figure_heads, "decompose", "figure_heads")
@@ -544,6 +530,115 @@ def explorer_page(attention, organization, path, *, model: str | None = None, fi
                  quantity=quantity, figure_heads=figure_heads,
                  questionnaire2d_iters=decompose_defaults["questionnaire2d_iters"], **settings)
     return path
+
+
+def _samples_and_organizations(attention, organization, need_scores: bool, one_length: bool = False):
+    """Lists of `extract` Datasets and their `organize` Datasets, checked (`one_length`: all of
+    one number of tokens, as one page needs); and their quantity."""
+    samples = [attention] if isinstance(attention, xr.Dataset) else list(attention)
+    orgs = [organization] if isinstance(organization, xr.Dataset) else list(organization)
+    want = {"scores", "probs"} if need_scores else set()
+    if not samples or not all(isinstance(s, xr.Dataset) and want <= set(s.data_vars) for s in samples):
+        raise ValueError("attention: expected a Dataset from `extract`" + (" (with scores and probs)" if need_scores
+                                                                           else "") + " or a list of them")
+    if len(orgs) != len(samples) or not all(isinstance(o, xr.Dataset) and "tree_q" in o for o in orgs):
+        raise ValueError(f"organization: expected one `organize` Dataset per sample ({len(samples)}), got "
+                         f"{len(orgs)}")
+    sizes = {(s.sizes["query"], s.sizes["key"]) for s in samples}
+    if one_length and len(sizes) > 1:
+        raise ValueError(f"attention: the samples of one page need one number of tokens, got {sorted(sizes)}; "
+                         "write one page per sample")
+    quantities = {o.attrs.get("quantity") for o in orgs}
+    if len(quantities) != 1 or None in quantities:
+        raise ValueError(f"organization: the samples were organized on different quantities {quantities}")
+    quantity = quantities.pop()
+    for s, o in zip(samples, orgs):
+        _organization(o, _network(s, quantity)[0])
+    return samples, orgs, quantity
+
+
+# -- how far the numbers can be trusted ---------------------------------------------------------------
+def stability_replicates(attention, organization, *, replicates: int | None = None, perturbations=None,
+              ulp_fraction: float | None = None, paraproduct: bool | None = None, seed: int | None = None,
+              head_top_k: int | None = None, network_top_k: int | None = None, figure_heads=None,
+              device: str | None = None) -> xr.Dataset:
+    """Replicate analyses of each sample under perturbations that carry no information
+    (docs/method.md §14): the stability stage's `sample_replicates` on each sample.
+
+    Parameters
+    ----------
+    attention : xarray.Dataset or list of them
+        Samples from `extract`.
+    organization : xarray.Dataset or list of them
+        `organize`'s result for each sample, in the same order, all of one quantity. The
+        replicates organize again with the organization's own parameters (its `config`).
+    replicates, perturbations, ulp_fraction, paraproduct, seed : optional
+        The keys of a model's `stability` section; defaults from the config schema.
+        `paraproduct` (the figure heads' residual per replicate) needs the samples' scores.
+    head_top_k, network_top_k : int, optional
+        As in `entropies`.
+    figure_heads : list of (layer, head), optional
+        The heads whose paraproduct residual is replicated; default the workflow's
+        `decompose.figure_heads`.
+    device : str, optional
+        "auto", "cpu" or "cuda"; default the workflow's `device`.
+
+    Returns
+    -------
+    xarray.Dataset over (sample, replicate[, unit][, fig_head]), as the stability store holds
+    it without the bootstrap: replicate 0 is the reference (`perturbation` "none"); per
+    replicate `head_entropy`, `head_sparsity` (unit), `network_entropy`, `network_sparsity`,
+    `sparsity_ratio`, `ari_layer`, `ari_kv_group`, `same_tree_q/k/h`, and
+    `paraproduct_residual` (fig_head) where it was run.
+    `oattn_lib.stability.stability_summary(ds)` tables how far each measure moved.
+    """
+    import json
+
+    from .stability import PERTURBATIONS
+    from .stages.decompose import decompose_samples
+    from .stages.stability import sample_replicates
+    from .store import write_store
+
+    defaults = _defaults("$defs/stability")
+    settings = {"replicates": _positive_int(_or_default(replicates, "$defs/stability", "replicates"), "replicates"),
+                "perturbations": list(_or_default(perturbations, "$defs/stability", "perturbations")),
+                "ulp_fraction": float(_or_default(ulp_fraction, "$defs/stability", "ulp_fraction")),
+                "paraproduct": bool(_or_default(paraproduct, "$defs/stability", "paraproduct")),
+                "seed": int(_or_default(seed, "$defs/stability", "seed")), "bootstrap": defaults["bootstrap"]}
+    bad = [p for p in settings["perturbations"] if p not in PERTURBATIONS]
+    if bad or not settings["perturbations"]:
+        raise ValueError(f"perturbations: {bad or '[]'} not allowed; choose from {list(PERTURBATIONS)}")
+    if not 0 < settings["ulp_fraction"] <= 1:
+        raise ValueError(f"ulp_fraction: must be in (0, 1], got {settings['ulp_fraction']}")
+    samples, orgs, quantity = _samples_and_organizations(attention, organization, need_scores=False)
+    if settings["paraproduct"] and not all("scores" in s.data_vars for s in samples):
+        raise ValueError("paraproduct: the samples hold no pre-softmax scores; pass paraproduct=False")
+    device = _device(device)
+    organize_settings = {**_defaults("organize"), **json.loads(orgs[0].attrs.get("config", "{}")).get("organize", {})}
+    figure_heads = _or_default(figure_heads, "decompose", "figure_heads")
+    decompose_defaults = _defaults("decompose")
+    per = []
+    with tempfile.TemporaryDirectory(prefix="oattn-stability-") as tmp:
+        t = Path(tmp)
+        for i, (sample, org) in enumerate(zip(samples, orgs)):
+            n_q, n_k = sample.sizes["query"], sample.sizes["key"]
+            n_u = sample.sizes["layer"] * sample.sizes["head"]
+            k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), n_q * n_k, "head_top_k")
+            k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), n_q * n_k * n_u, "network_top_k")
+            att = write_store(_as_store(sample, i), t / f"attention{i}.zarr") / "zarr.json"
+            orgp = write_store(org, t / f"organized{i}.zarr") / "zarr.json"
+            dec = t / f"decomposed{i}.zarr" / "zarr.json"
+            decompose_samples([att], [orgp], [dec], quantity, figure_heads=figure_heads,
+                              questionnaire2d_iters=decompose_defaults["questionnaire2d_iters"],
+                              random_tree_seeds=decompose_defaults["random_tree_seeds"])
+            per.append(sample_replicates(att, orgp, dec, sample=i, quantity=quantity, organize=organize_settings,
+                                         head_top_k=k2, network_top_k=k3, settings=settings,
+                                         questionnaire2d_iters=decompose_defaults["questionnaire2d_iters"],
+                                         device=device).load())
+    ds = xr.concat(per, dim="sample", data_vars="all", coords="minimal", compat="override")
+    ds = ds.assign_coords(sample=np.arange(len(samples), dtype=np.int64))
+    ds.attrs = {"quantity": quantity, "config": json.dumps({"stability": settings, "organize": organize_settings})}
+    return ds
 
 
 def _as_store(ds: xr.Dataset, index: int) -> xr.Dataset:

@@ -226,6 +226,34 @@ def test_paraproduct_residual_with_the_networks_trees(subset, organized):
 
 
 # -- bad input -----------------------------------------------------------------------------------
+def test_stability_replicates_each_sample_with_the_organizations_own_parameters(subset, organized):
+    from oattn_lib.stability import stability_summary
+
+    ds = subset[1]
+    stab = oattn_lib.stability_replicates(ds, organized, replicates=2, perturbations=["ulp", "relabel", "sibling"],
+                               paraproduct=False, device="cpu")
+    assert stab.sizes["sample"] == 1 and list(stab["perturbation"].values) == ["none", "ulp", "ulp", "relabel",
+                                                                              "relabel", "sibling", "sibling"]
+    # the replicates organize again as the organization was organized (n_iters=2, not the default)
+    assert json.loads(stab.attrs["config"])["organize"]["n_iters"] == 2
+    # replicate 0 is the analysis of `entropies` on the same organization, head by head
+    ent = oattn_lib.entropies(ds, organized)
+    ref = stab.isel(sample=0, replicate=0)
+    by_unit = ent["head_entropy"].sel(layer=xr.DataArray(ref["unit_layer"].values, dims="unit"),
+                                      head=xr.DataArray(ref["unit_head"].values, dims="unit")).values
+    np.testing.assert_allclose(ref["head_entropy"].values, by_unit, rtol=1e-9)
+    np.testing.assert_allclose(float(ref["network_entropy"]), float(ent["network_entropy"]), rtol=1e-9)
+    # renaming the items organizes again to the same trees: the numbers are the reference's
+    rel = stab.isel(sample=0, replicate=[3, 4])
+    assert rel["same_tree_q"].all() and rel["same_tree_k"].all() and rel["same_tree_h"].all()
+    np.testing.assert_allclose(rel["head_entropy"].values, np.broadcast_to(ref["head_entropy"].values, (2, 6)),
+                               rtol=1e-9)
+    table = stability_summary(stab)
+    assert set(table["perturbation"]) == {"ulp", "relabel", "sibling"}
+    ulp = table[(table["measure"] == "network_entropy") & (table["perturbation"] == "ulp")]
+    assert float(ulp["spread_max"].iloc[0]) < 1e-4
+
+
 def test_bad_input_is_an_error_naming_the_argument(subset, organized, minilm, tmp_path):
     ds = subset[1]
     nan = ds.copy(deep=True)
@@ -249,6 +277,9 @@ def test_bad_input_is_an_error_naming_the_argument(subset, organized, minilm, tm
         ("head", lambda: oattn_lib.paraproduct_residual(ds, 1, 1)),
         ("tau", lambda: oattn_lib.paraproduct_residual(ds, 1, 0, tau=0.0)),
         ("attention", lambda: oattn_lib.explorer_page(subset[:2], [organized, organized], tmp_path / "p.html")),
+        ("perturbations", lambda: oattn_lib.stability_replicates(ds, organized, perturbations=["noise"])),
+        ("paraproduct", lambda: oattn_lib.stability_replicates(ds.drop_vars("scores"), organized, paraproduct=True)),
+        ("replicates", lambda: oattn_lib.stability_replicates(ds, organized, replicates=0)),
     ]
     for name, call in cases:
         with pytest.raises(ValueError, match=f"^{name}: "):
@@ -264,7 +295,7 @@ def test_the_api_is_exported_lazily():
     assert proc.returncode == 0, proc.stderr[-2000:]
     before, names, listed, module = json.loads(proc.stdout.strip().splitlines()[-1])
     assert before is False and listed and module == "oattn_lib.api"
-    assert names == sorted(["extract", "organize", "entropies", "paraproduct_residual", "explorer_page"])
+    assert names == sorted(["extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page"])
     for name in names:
         doc = getattr(oattn_lib, name).__doc__
         assert "Parameters\n    ----------" in doc and "Returns\n    -------" in doc, name
