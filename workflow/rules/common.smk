@@ -9,6 +9,7 @@ import os
 import re
 
 from oattn_lib import fingerprint, softmax_free
+from oattn_lib import resources as oattn_resources
 from oattn_lib.config import batched_samples, prune_settings, stability_samples
 from oattn_lib.models import adapter
 from oattn_lib.runtime import KERNEL_MODULES
@@ -219,21 +220,37 @@ GPU_RESOURCES = _gpu_resources()
 ANALYSIS_GPU = {"gpu": config["resources"]["analysis_gpu"]} if config["resources"]["analysis_gpu"] > 0 else {}
 
 
-def analysis_mem_mb(wildcards, input, attempt):
-    # the per-sample analysis holds a few copies of the tensor and its coefficients
-    dirs = [os.path.dirname(p) if p.endswith("zarr.json") else p for p in input]
-    size_mb = (
-        sum(os.path.getsize(os.path.join(dp, f)) for p in dirs for dp, _, fs in os.walk(p) for f in fs) / 1e6
-        if input
-        else 100
-    )
-    return int(1000 + 30 * size_mb) * attempt
+def analysis_work(stage, wildcards):
+    """Samples a job of `stage` analyses one after another: every sample of the model for a job of
+    all of them (entropy, explorer, a batch job), one for a per-sample job; stability: its samples
+    times its replicates."""
+    if "sample" in wildcards.keys():
+        return 1
+    if stage == "stability":
+        from oattn_lib.stability import replicate_plan
+
+        st = MODELS[wildcards.model]["stability"]
+        return len(STABLE[wildcards.model]) * (len(replicate_plan(st["perturbations"], st["replicates"])) - 1)
+    return len(samples(wildcards.model))
 
 
-def batch_mem_mb(wildcards, input, attempt):
-    """analysis_mem_mb of one sample: a job for all samples of a model analyses one at a time."""
-    per_sample = (analysis_mem_mb(wildcards, input, 1) - 1000) / len(samples(wildcards.model))
-    return int(1000 + per_sample) * attempt
+def analysis_resources(stage):
+    """`mem_mb` and `runtime` of an analysis stage's jobs: oattn_lib.resources' model of what the
+    job holds (one sample's network tensor, its size read from the input stores' headers),
+    `GROWTH` times more on each retry."""
+
+    def mem_mb(wildcards, input, attempt):
+        return oattn_resources.memory_mb(stage, oattn_resources.largest_array_mb(input), attempt)
+
+    def runtime(wildcards, input, attempt):
+        return oattn_resources.runtime_minutes(
+            stage,
+            oattn_resources.largest_array_mb(input),
+            analysis_work(stage, wildcards),
+            attempt,
+        )
+
+    return {"mem_mb": mem_mb, "runtime": runtime}
 
 
 def all_targets():

@@ -25,8 +25,7 @@ rule decompose:
     threads: 1
     resources:
         **ANALYSIS_GPU,
-        mem_mb=analysis_mem_mb,
-        runtime=config["resources"]["analysis_runtime"],
+        **analysis_resources("decompose"),
     params:
         analysis=analysis_params,
         device=config["device"],
@@ -58,8 +57,7 @@ for _k in BATCH_SIZES:
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            mem_mb=batch_mem_mb,
-            runtime=config["resources"]["analysis_runtime"],
+            **analysis_resources("decompose"),
         params:
             analysis=analysis_params,
             device=config["device"],

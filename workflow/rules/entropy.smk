@@ -21,7 +21,7 @@ rule entropy:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
-        mem_mb=analysis_mem_mb,
+        **analysis_resources("entropy"),
     params:
         head_top_k=config["entropy"]["head_top_k"],
         network_top_k=config["entropy"]["network_top_k"],

@@ -18,8 +18,7 @@ rule explorer:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
-        mem_mb=analysis_mem_mb,
-        runtime=config["resources"]["analysis_runtime"],
+        **analysis_resources("explorer"),
     params:
         kind=lambda wildcards: MODELS[wildcards.model]["kind"],
         analysis=analysis_params,

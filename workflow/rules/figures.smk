@@ -34,6 +34,8 @@ rule figures:
     conda:
         "../../envs/oattn.yaml"
     threads: 1
+    resources:
+        **analysis_resources("figures"),
     params:
         figures=config["figures"],
         analysis=analysis_params,

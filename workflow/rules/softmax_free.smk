@@ -57,8 +57,8 @@ rule softmax_free_paraproduct:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
-        mem_mb=analysis_mem_mb,
-        runtime=config["resources"]["analysis_runtime"],
+        # not measured: modelled as the figures stage (2-D questionnaires and paraproducts of heads)
+        **analysis_resources("figures"),
     params:
         questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
         code=code_version("softmax_free_paraproduct"),

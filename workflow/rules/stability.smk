@@ -32,8 +32,7 @@ rule stability:
     threads: 1
     resources:
         **ANALYSIS_GPU,
-        mem_mb=analysis_mem_mb,
-        runtime=config["resources"]["analysis_runtime"],
+        **analysis_resources("stability"),
     params:
         samples=lambda wildcards: STABLE[wildcards.model],
         settings=lambda wildcards: MODELS[wildcards.model]["stability"],
