@@ -11,7 +11,7 @@ two trees with the same folders and sibling order compare equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 import scipy.sparse
@@ -302,10 +302,12 @@ merge's orders (docs/method.md §2.3): ranked by the affinity the cut dropped, t
 index, never by their last bits."""
 
 
-def _runs(v: np.ndarray, tol: float) -> np.ndarray:
+def _runs(v: np.ndarray, tol: float, breaks: np.ndarray | None = None) -> np.ndarray:
     """Run ids along the last axis of a sorted nonnegative `v`: a value within a relative `tol`
-    of the one before it shares its run."""
+    of the one before it shares its run, unless `breaks` (one bool fewer than `v`) starts a new one."""
     step = v[..., 1:] > v[..., :-1] * (1.0 + tol)
+    if breaks is not None:
+        step |= breaks
     return np.concatenate([np.zeros(v.shape[:-1] + (1,), dtype=np.int64), np.cumsum(step, axis=-1)], axis=-1)
 
 
@@ -327,11 +329,9 @@ def tie_order(values: np.ndarray, tol: float = TIE_TOLERANCE, secondary=None) ->
         sec = np.asarray(secondary() if callable(secondary) else secondary)
         sec = np.take_along_axis(sec[None] if sec.ndim == 1 else sec[tied], rows, axis=-1)
         by_sec = np.lexsort((sec, run), axis=-1)  # positions by run, then by secondary
-        sub = _runs(np.take_along_axis(sec, by_sec, axis=-1), tol)
-        # a new sub-run wherever the primary run changes too
-        sub = np.cumsum(np.concatenate([np.zeros(sub.shape[:-1] + (1,), dtype=np.int64),
-                                        (np.diff(sub, axis=-1) > 0) | (np.diff(np.take_along_axis(run, by_sec, axis=-1), axis=-1) > 0)],
-                                       axis=-1), axis=-1)
+        # sub-runs of near-equal secondary values, never across a primary run's end
+        sub = _runs(np.take_along_axis(sec, by_sec, axis=-1), tol,
+                    breaks=np.diff(np.take_along_axis(run, by_sec, axis=-1), axis=-1) > 0)
         run = np.empty_like(sub)
         np.put_along_axis(run, by_sec, sub, axis=-1)
     ranked = np.take_along_axis(rows, np.lexsort((rows, run), axis=-1), axis=-1)
@@ -362,14 +362,12 @@ def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None,
     np.fill_diagonal(dist, 999.0)
     med = float(np.median(dist))
     penalty = med / constant
-    memo = []
 
-    def secondary():
-        if not memo:
-            t = np.array(tiebreak() if callable(tiebreak) else tiebreak, dtype=np.float64)
-            np.fill_diagonal(t, np.inf)
-            memo.append(t)
-        return memo[0]
+    @cache
+    def secondary():  # the tie-break, computed at most once and only where a tie needs it
+        t = np.array(tiebreak() if callable(tiebreak) else tiebreak, dtype=np.float64)
+        np.fill_diagonal(t, np.inf)
+        return t
 
     nn_order = tie_order(dist, secondary=None if tiebreak is None else secondary)
     nn_dist = dist[np.arange(m), nn_order[:, 0]]
@@ -432,20 +430,14 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
     phi, s = _diffusion_embedding(a, n_eigs)
     # ties of the diffusion distances (items the 1e-8 cut left equally unconnected, §2.3) rank
     # by the affinity before the cut, which they still differ in
-    raw = []  # -log(affinity), computed at the first tie
-
-    def tiebreak(nodes):
-        if not raw:
-            raw.append(-np.log(np.maximum(a, 1e-300)))
-        return _node_means(raw[0], nodes)
-
+    raw = cache(lambda: -np.log(np.maximum(a, 1e-300)))  # at the first tie only
     levels = [np.arange(n)]
     node_of_leaf = np.arange(n)
     lev = 1
     while node_of_leaf.max() > 0:
         d_leaf = _embedding_distances(phi, s, lev)
         d_node = _node_means(d_leaf, node_of_leaf)
-        group = _greedy_merge(d_node, constant, tiebreak=lambda nodes=node_of_leaf: tiebreak(nodes))
+        group = _greedy_merge(d_node, constant, tiebreak=lambda nodes=node_of_leaf: _node_means(raw(), nodes))
         node_of_leaf = group[node_of_leaf]
         levels.append(node_of_leaf.copy())
         lev += 1
