@@ -596,7 +596,7 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
 
     from .stability import PERTURBATIONS
     from .stages.decompose import decompose_samples
-    from .stages.stability import sample_replicates
+    from .stages.stability import concat_samples, sample_replicates
     from .store import write_store
 
     defaults = _defaults("$defs/stability")
@@ -635,8 +635,7 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
                                          head_top_k=k2, network_top_k=k3, settings=settings,
                                          questionnaire2d_iters=decompose_defaults["questionnaire2d_iters"],
                                          device=device).load())
-    ds = xr.concat(per, dim="sample", data_vars="all", coords="minimal", compat="override")
-    ds = ds.assign_coords(sample=np.arange(len(samples), dtype=np.int64))
+    ds = concat_samples(per, range(len(samples)))
     ds.attrs = {"quantity": quantity, "config": json.dumps({"stability": settings, "organize": organize_settings})}
     return ds
 

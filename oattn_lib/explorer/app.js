@@ -328,9 +328,9 @@ function drawInfo() {
   const R = D.entropy_ranges ? D.entropy_ranges[state.sample] : null;
   if (R && R.lo[u] != null) {
     const n = {};
-    R.replicates.forEach((r) => { const p = r.split(" #")[0]; n[p] = (n[p] || 0) + 1; });
+    R.perturbations.forEach((p) => { n[p] = (n[p] || 0) + 1; });
     const what = Object.keys(n).map((p) => p === "none" ? "reference" : p + (n[p] > 1 ? " ×" + n[p] : "")).join(", ");
-    parts.push("<span id='entropy-range'>Haar entropy over " + R.replicates.length + " replicates (" + what + "): " +
+    parts.push("<span id='entropy-range'>Haar entropy over " + R.perturbations.length + " replicates (" + what + "): " +
       f(R.lo[u]) + " – " + f(R.hi[u]) + "</span>");
   } else if (D.entropy_ranges) {
     parts.push("<span id='entropy-range'>Haar entropy: this sample has no stability replicates</span>");

@@ -74,7 +74,7 @@ def stability_payload(stability_store, samples, layers, heads) -> tuple[list, li
     """What the page shows of the stability stage (docs/method.md §14) for the page's `samples`
     (the entropy store's sample ids): per sample, the (unit,) values of STABILITY_METRIC, and
     {"lo", "hi"} (unit,) ranges of each head's Haar entropy over its replicates, the reference
-    included, with the replicates' labels; a sample without replicates has NaNs and None."""
+    included, with each replicate's perturbation; a sample without replicates has NaNs and None."""
     from ..stability import REFERENCE, relative_spread
 
     ds = store.read_store(stability_store, require=("head_entropy",))
@@ -85,7 +85,6 @@ def stability_payload(stability_store, samples, layers, heads) -> tuple[list, li
     if pert.count(REFERENCE) != 1:
         raise ValueError(f"{stability_store}: expected one reference replicate ({REFERENCE!r}), perturbations {pert}")
     ref = pert.index(REFERENCE)
-    labels = [f"{p} #{int(i)}" for p, i in zip(pert, ds["replicate_index"].values)]
     where = {int(v): i for i, v in enumerate(ds["sample"].values)}
     metric, ranges = [], []
     for sample in samples:
@@ -99,7 +98,7 @@ def stability_payload(stability_store, samples, layers, heads) -> tuple[list, li
         lo, hi = np.full(n_units, np.nan), np.full(n_units, np.nan)
         lo[units], hi[units] = e.min(axis=0), e.max(axis=0)
         metric.append(round_values(v))
-        ranges.append({"lo": round_values(lo, 7), "hi": round_values(hi, 7), "replicates": labels})
+        ranges.append({"lo": round_values(lo, 7), "hi": round_values(hi, 7), "perturbations": pert})
     return metric, ranges
 
 

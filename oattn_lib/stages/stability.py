@@ -24,7 +24,7 @@ from .entropy import clamped_top_k
 
 log = logging.getLogger("oattn")
 
-__all__ = ["stability", "sample_replicates"]
+__all__ = ["stability", "sample_replicates", "concat_samples"]
 
 
 def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
@@ -141,6 +141,12 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
     return ds
 
 
+def concat_samples(per: list, samples) -> xr.Dataset:
+    """`sample_replicates` of several samples as one Dataset over (sample, replicate, ...)."""
+    ds = xr.concat(per, dim="sample", data_vars="all", coords="minimal", compat="override")
+    return ds.assign_coords(sample=np.asarray(samples, dtype=np.int64))
+
+
 def stability(attention_stores: list, organized_stores: list, decomposed_stores: list, entropy_store, out,
               out_csv, out_md, *, samples: list, quantity: str, crop=None, organize: dict, head_top_k: int,
               network_top_k: int, settings: dict, fraction: float = 0.1, questionnaire2d_iters: int = 10,
@@ -166,8 +172,7 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
                                      quantity=quantity, crop=crop, organize=organize, head_top_k=head_top_k,
                                      network_top_k=network_top_k, settings=settings,
                                      questionnaire2d_iters=questionnaire2d_iters, device=device))
-    ds = xr.concat(per, dim="sample", data_vars="all", coords="minimal", compat="override")
-    ds = ds.assign_coords(sample=np.asarray(samples, dtype=np.int64))
+    ds = concat_samples(per, samples)
     e_all = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(ent.sizes["sample"], -1)
     # the entropy store's (layer, head) grid flattened is the units' layer-major order
     boot = bootstrap_samples(e_all, fraction, settings["bootstrap"], settings["seed"])
