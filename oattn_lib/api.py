@@ -54,6 +54,11 @@ def _defaults(section: str) -> dict:
     return {k: v["default"] for k, v in node["properties"].items() if "default" in v}
 
 
+# the decompose stage's settings the notebook functions take from the schema (figure_heads is
+# an argument of theirs)
+DECOMPOSE_KEYS = ("questionnaire2d_iters", "random_tree_seeds", "coarse_coefficients", "keep_coefficients")
+
+
 def _or_default(value, section: str, key: str):
     return _defaults(section)[key] if value is None else value
 
@@ -510,6 +515,8 @@ def explorer_page(attention, organization, path, *, model: str | None = None, fi
     (n_q, n_k), n_u = sizes.pop(), samples[0].sizes["layer"] * samples[0].sizes["head"]
     k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), n_q * n_k, "head_top_k")
     k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), n_q * n_k * n_u, "network_top_k")
+    # the decomposed stores keep at least the coarsest coefficients the entropies read
+    decompose_defaults["coarse_coefficients"] = max(decompose_defaults["coarse_coefficients"], k2, k3)
     name = model or str(samples[0].attrs.get("model", "model"))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -519,8 +526,7 @@ def explorer_page(attention, organization, path, *, model: str | None = None, fi
         org = [write_store(o, t / f"organized{i}.zarr") / "zarr.json" for i, o in enumerate(orgs)]
         dec = [t / f"decomposed{i}.zarr" / "zarr.json" for i in range(len(samples))]
         decompose_samples(att, org, dec, quantity, figure_heads=figure_heads,
-                          questionnaire2d_iters=decompose_defaults["questionnaire2d_iters"],
-                          random_tree_seeds=decompose_defaults["random_tree_seeds"])
+                          **{k: decompose_defaults[k] for k in DECOMPOSE_KEYS})
         ent = t / "entropy.zarr" / "zarr.json"
         entropy(dec, ent, k2, k3)
         t1, t2 = t / "table1.csv", t / "table2.csv"
@@ -629,8 +635,7 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
             orgp = write_store(org, t / f"organized{i}.zarr") / "zarr.json"
             dec = t / f"decomposed{i}.zarr" / "zarr.json"
             decompose_samples([att], [orgp], [dec], quantity, figure_heads=figure_heads,
-                              questionnaire2d_iters=decompose_defaults["questionnaire2d_iters"],
-                              random_tree_seeds=decompose_defaults["random_tree_seeds"])
+                              **{k: decompose_defaults[k] for k in DECOMPOSE_KEYS})
             per.append(sample_replicates(att, orgp, dec, sample=i, quantity=quantity, organize=organize_settings,
                                          head_top_k=k2, network_top_k=k3, settings=settings,
                                          questionnaire2d_iters=decompose_defaults["questionnaire2d_iters"],

@@ -382,6 +382,23 @@ def check_config(config: dict) -> None:
                     resolve_unit(layer, head, layers, heads, owner=f"{where}'s")
                 except ValueError as exc:
                     raise ConfigError(f"decompose.figure_heads: {exc}") from None
+    _check_coarse_coefficients(config)
+
+
+def _check_coarse_coefficients(config: dict) -> None:
+    """The entropy and figure stages read the coarsest coefficients the decompose stage keeps
+    (docs/method.md §6.6): every top_k they take must be among them, unless every coefficient
+    is kept."""
+    dec = config["decompose"]
+    if dec["keep_coefficients"]:
+        return
+    kept = dec["coarse_coefficients"]
+    for section, key in (("entropy", "head_top_k"), ("entropy", "network_top_k"), ("figures", "trihaar_top_k")):
+        if config[section][key] > kept:
+            raise ConfigError(f"{section}.{key}: {config[section][key]} exceeds decompose.coarse_coefficients "
+                              f"({kept}), the coarsest coefficients each sample's decomposed store keeps; "
+                              f"allowed: 1..{kept}, or raise decompose.coarse_coefficients, or set "
+                              "decompose.keep_coefficients: true")
 
 
 def complete_model(model: dict, schema_path=SCHEMA, **sections) -> dict:

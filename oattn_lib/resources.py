@@ -8,7 +8,9 @@ read from the job's input stores (their largest array, counted as float32; the h
 nothing is loaded). The two numbers of each rule are fitted to peaks measured by Snakemake's
 benchmarks (`bench/resources.py` lists them, `bench/resources.csv` records them): the default run
 (64-128 tokens, where the base is most of it) and SmolLM2 at 1024 tokens (where the factor is).
-The model is held to within 1.5 times every recorded peak and never below it
+The entropy job reads only the coarsest coefficients and the level sums of each sample
+(docs/method.md §6.6), so its memory is the base alone. The model is held to within 1.5 times
+every recorded peak and never below it
 (tests/test_resources.py). Each retry after a failure (an out-of-memory kill, a time limit) asks
 for `GROWTH` times the previous attempt's request.
 
@@ -51,7 +53,7 @@ class JobModel:
 MODELS = {
     "organize": JobModel(950.0, 1.9, 30.0, 0.3, per_sample_time=True),
     "decompose": JobModel(950.0, 3.8, 30.0, 0.2, per_sample_time=True),
-    "entropy": JobModel(190.0, 2.6, 20.0, 0.03, per_sample_time=True),
+    "entropy": JobModel(180.0, 0.0, 20.0, 0.03, per_sample_time=True),
     "stability": JobModel(1000.0, 3.8, 60.0, 0.6, per_sample_time=True),
     "figures": JobModel(950.0, 1.8, 30.0, 0.4),
     "explorer": JobModel(950.0, 3.5, 30.0, 0.25, per_sample_time=True),

@@ -34,9 +34,21 @@ def test_embedded_default_is_valid_and_gets_defaults(config):
     (lambda c: c["models"].append(copy.deepcopy(c["models"][0])), "used more than once"),
     (lambda c: c["decompose"].update(figure_heads=[[7, 0]]), "decompose.figure_heads: (7, 0) is outside"),
     (lambda c: c["models"][1]["arch"].update(patch_size=5), "patch_size: 5 must divide data.image_size 32"),
+    # the entropies and Figure 6 read the coarsest coefficients decompose keeps (docs/method.md §6.6)
+    (lambda c: c["entropy"].update(network_top_k=5000),
+     "entropy.network_top_k: 5000 exceeds decompose.coarse_coefficients (4096)"),
+    (lambda c: c["figures"].update(trihaar_top_k=600) or c["decompose"].update(coarse_coefficients=500),
+     "figures.trihaar_top_k: 600 exceeds decompose.coarse_coefficients (500)"),
+    (lambda c: c["decompose"].update(coarse_coefficients=0), "decompose.coarse_coefficients: 0 is less than"),
 ])
 def test_bad_config_is_one_line_naming_the_key(config, edit, expect):
     assert_one_line_error(config, edit, expect)
+
+
+def test_every_coefficient_kept_lifts_the_coarse_limit(config):
+    config["entropy"]["network_top_k"] = 5000
+    config["decompose"]["keep_coefficients"] = True
+    validate_config(config, SCHEMA)
 
 
 def assert_one_line_error(config, edit, expect):

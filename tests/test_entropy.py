@@ -157,3 +157,57 @@ def test_l1_norm_is_the_float64_sum_across_slabs(monkeypatch):
         monkeypatch.setattr(ent, "_SLAB", slab)
         assert ent.l1_norm(c) == pytest.approx(ref, rel=1e-12)
     assert ent.l1_norm(torch.zeros(0)) == 0.0
+
+
+# -- what the decompose stage keeps of an expansion (docs/method.md §6.6) ----------------------
+def test_the_kept_coarse_prefix_gives_every_smaller_top_k_entropy():
+    # the entropy stage sums the first k kept coefficients: for every k <= keep that must be
+    # the k coarsest, ties included (supports and levels with many ties)
+    import torch
+
+    from oattn_lib.entropy import coarse_coefficients, coarse_l1
+    rng = np.random.default_rng(6)
+    for _ in range(10):
+        shape = (int(rng.integers(2, 9)), int(rng.integers(2, 9)))
+        sups = [rng.integers(1, 4, n) for n in shape]
+        levs = [rng.integers(0, 3, n) for n in shape]
+        c = torch.from_numpy(rng.normal(size=(*shape, 3)).astype(np.float32))
+        keep = int(rng.integers(1, shape[0] * shape[1] + 1))
+        kept, idx = coarse_coefficients(c, sups, levs, keep)
+        assert kept.shape == (keep, 3) and idx.tolist() == coarsest(sups, levs, keep).tolist()
+        np.testing.assert_array_equal(kept.numpy(), c.reshape(-1, 3).numpy()[idx])
+        for k in range(1, keep + 1):
+            np.testing.assert_allclose(np.abs(kept.numpy()[:k]).sum(0, dtype=np.float64),
+                                       coarse_l1(c, sups, levs, k), rtol=1e-12)
+    # more than there are: all of them; no batch axis: a vector
+    kept, idx = coarse_coefficients(np.arange(6.0).reshape(2, 3), [np.array([2, 1]), np.array([3, 1, 1])],
+                                    [np.array([0, 1]), np.array([0, 1, 1])], 100)
+    assert kept.shape == (6,) and sorted(idx.tolist()) == list(range(6))
+
+
+@pytest.mark.parametrize("shape, n_axes", [((9, 7, 5), 2), ((6, 5, 4), 3), ((1, 4), 2)])
+def test_level_sums_equal_a_loop_over_every_coefficient(monkeypatch, shape, n_axes):
+    import torch
+
+    import oattn_lib.entropy as ent
+    rng = np.random.default_rng(7)
+    c = rng.normal(size=shape).astype(np.float32)
+    levels = [rng.integers(0, 4, n) * 2 for n in shape[:n_axes]]  # levels with gaps: coordinates, not indices
+    uniq = [np.unique(v) for v in levels]
+    want1 = np.zeros((*(u.size for u in uniq), *shape[n_axes:]))
+    want2 = np.zeros_like(want1)
+    for idx in np.ndindex(*shape[:n_axes]):
+        at = tuple(np.searchsorted(u, v[i]) for u, v, i in zip(uniq, levels, idx))
+        want1[at] += np.abs(c[idx].astype(np.float64))
+        want2[at] += c[idx].astype(np.float64) ** 2
+    for slab in (1, 7, 1 << 20):  # slabs of one row, across rows, all at once
+        monkeypatch.setattr(ent, "_SLAB", slab)
+        l1, l2, got_levels = ent.level_sums(torch.from_numpy(c), levels)
+        np.testing.assert_allclose(l1.numpy(), want1, rtol=1e-12)
+        np.testing.assert_allclose(l2.numpy(), want2, rtol=1e-12)
+        assert [g.tolist() for g in got_levels] == [u.tolist() for u in uniq]
+    # the sparsity of the whole expansion follows from the sums exactly
+    dims = tuple(range(n_axes))
+    np.testing.assert_allclose(ent.ratio_of_sums(l1.numpy(), l2.numpy(), dims), ent.l1_over_l2(c, dims), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"c: shape .* does not match the levels"):
+        ent.level_sums(torch.from_numpy(c), [lv[:-1] if i == 0 else lv for i, lv in enumerate(levels)])

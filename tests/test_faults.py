@@ -119,10 +119,10 @@ def test_truncated_chunk_fails_naming_store_and_variable(tmp_path):
     assert not (tmp_path / "org.zarr").exists()
 
 
-@pytest.mark.parametrize("name", ["bihaar", "trihaar"])
+@pytest.mark.parametrize("name", ["bihaar_coarse", "trihaar_coarse", "bihaar_level_l1", "trihaar_level_l2sq"])
 def test_entropy_stage_names_the_decomposed_store_and_variable_at_fault(tmp_path, name):
-    # the entropy stage reads one coefficient tensor at a time, lazily: a NaN or a truncated
-    # chunk in either must still be an error naming the store and the variable, with no output
+    # the entropy stage reads the kept coefficients and level sums lazily: a NaN or a truncated
+    # chunk in any must still be an error naming the store and the variable, with no output
     dec, _ = analyse(tmp_path, np.random.default_rng(1).normal(size=(2, 3, 8, 8)), 4, 4)
     bad = dec.copy(deep=True)
     bad[name].values[(0,) * bad[name].ndim] = np.nan

@@ -79,7 +79,9 @@ def decomposed(tmp_path_factory):
     org = [root / f"organized{i}.zarr" / "zarr.json" for i in range(2)]
     dec = [root / f"decomposed{i}.zarr" / "zarr.json" for i in range(2)]
     organize_samples(att, org, "probs", params={"n_iters": 1})
-    decompose_samples(att, org, dec, "probs", figure_heads=[[0, 0]], questionnaire2d_iters=1, random_tree_seeds=1)
+    # every coefficient kept, for the comparison below
+    decompose_samples(att, org, dec, "probs", figure_heads=[[0, 0]], questionnaire2d_iters=1, random_tree_seeds=1,
+                      keep_coefficients=True)
     return root, org, dec
 
 
@@ -103,7 +105,8 @@ tables({str(out)!r}, t + '/t1.csv', t + '/t1.md', t + '/t2.csv', t + '/t2.md', f
 print(json.dumps([m for m in {names!r} if m in sys.modules]))
 """
     assert _fresh(code) == []
-    # the same sums in torch (the path the stage took before it read numpy)
+    # the same sums in torch over every coefficient (the stage reads the kept coarsest ones and
+    # the level sums)
     import torch
 
     from oattn_lib.entropy import coarse_l1, l1_over_l2

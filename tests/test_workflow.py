@@ -45,12 +45,13 @@ def test_every_store_has_named_dims_and_finite_values(run):
             assert org["tree_h"].dims == ("level_h", "unit") and org.sizes["unit"] == n_layer * n_head
             assert org["tree_q"].sizes["query"] == n_tok
             dec = xr.open_zarr(res / model / "decomposed" / f"sample{i}.zarr", consolidated=False).load()
-            assert dec["bihaar"].dims == ("qbasis", "kbasis", "unit")
+            # by default the coarsest coefficients and the level sums, not every coefficient
+            assert dec["bihaar_coarse"].dims == ("coarse2", "unit") and "bihaar" not in dec
             for v in dec.data_vars:
                 assert np.isfinite(dec[v].values).all(), (model, i, v)
-            # the stored coefficients reconstruct the analysed tensor exactly (orthonormal bases)
+            # the level sums hold the whole expansion's energy: the analysed tensor's (orthonormal bases)
             x = att["scores" if model == "txl" else "probs"].stack(unit=("layer", "head")).transpose("query", "key", "unit")
-            assert np.linalg.norm(dec["trihaar"].values) == pytest.approx(np.linalg.norm(x.values), rel=1e-4)
+            assert np.sqrt(dec["trihaar_level_l2sq"].values.sum()) == pytest.approx(np.linalg.norm(x.values), rel=1e-4)
         ent = xr.open_zarr(res / model / "entropy.zarr", consolidated=False).load()
         assert ent["head_entropy"].dims == ("sample", "layer", "head")
         assert ent["head_entropy"].shape == (2, n_layer, n_head)
@@ -194,8 +195,8 @@ def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
     the organization is the questionnaire of this sample's tensor, the coefficients are its
     expansion in this sample's trees (not another sample's, not another orthonormal basis),
     the entropies are head_entropy / network_entropy of the same."""
-    from oattn_lib.entropy import head_entropy, head_sparsity, network_entropy, network_sparsity
-    from oattn_lib.haar import bihaar, trihaar
+    from oattn_lib.entropy import coarsest, head_entropy, head_sparsity, network_entropy, network_sparsity
+    from oattn_lib.haar import bihaar, haar_basis, trihaar
     from oattn_lib.questionnaire import questionnaire3d
     from oattn_lib.stages.common import load_organization, read_network
 
@@ -212,10 +213,18 @@ def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
             np.testing.assert_array_equal(getattr(org, f"tree_{axis}").labels,
                                           getattr(fresh, f"tree_{axis}").labels, err_msg=f"{model} {i} {axis}")
         dec = xr.open_zarr(res / "decomposed" / f"sample{i}.zarr", consolidated=False).load()
-        np.testing.assert_allclose(dec["bihaar"].values, np.asarray(bihaar(X, org.tree_q, org.tree_k)),
-                                   rtol=1e-4, atol=1e-5 * np.abs(X).max())
-        np.testing.assert_allclose(dec["trihaar"].values, np.asarray(trihaar(X, org.tree_q, org.tree_k, org.tree_h)),
-                                   rtol=1e-4, atol=1e-5 * np.abs(X).max())
+        c2, c3 = np.asarray(bihaar(X, org.tree_q, org.tree_k)), np.asarray(trihaar(X, org.tree_q, org.tree_k, org.tree_h))
+        tol = {"rtol": 1e-4, "atol": 1e-5 * np.abs(X).max()}
+        # the kept coefficients are this expansion's at the stored indices, which are its coarsest
+        np.testing.assert_allclose(dec["bihaar_coarse"].values, c2.reshape(-1, c2.shape[2])[dec["coarse2_index"].values],
+                                   **tol)
+        np.testing.assert_allclose(dec["trihaar_coarse"].values, c3.ravel()[dec["coarse3_index"].values], **tol)
+        (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
+        assert dec["coarse2_index"].values.tolist() == coarsest([sq, sk], [lq, lk], dec.sizes["coarse2"]).tolist()
+        assert dec["coarse3_index"].values.tolist() == coarsest([sq, sk, sh], [lq, lk, lh], dec.sizes["coarse3"]).tolist()
+        np.testing.assert_allclose(dec["bihaar_level_l1"].sum(("qlevel", "klevel")).values, np.abs(c2).sum((0, 1)),
+                                   rtol=1e-4)
+        np.testing.assert_allclose(dec["trihaar_level_l2sq"].values.sum(), (c3.astype(np.float64) ** 2).sum(), rtol=1e-4)
         grid = ent.sel(sample=i).stack(unit=("layer", "head"))
         stored = grid.sel(unit=list(zip(net.unit_layer, net.unit_head)))
         np.testing.assert_allclose(stored["head_entropy"].values,
@@ -247,4 +256,5 @@ def test_organize_and_decompose_on_cuda_give_the_cpu_results(run, tmp_path):
               random_tree_seeds=dec["random_tree_seeds"])
     a = xr.open_zarr(tmp_path / "dec.zarr", consolidated=False)
     b = xr.open_zarr(res / "decomposed" / "sample0.zarr", consolidated=False)
-    np.testing.assert_allclose(a["trihaar"].values, b["trihaar"].values, atol=1e-5)
+    np.testing.assert_allclose(a["trihaar_coarse"].values, b["trihaar_coarse"].values, atol=1e-5)
+    np.testing.assert_allclose(a["bihaar_level_l2sq"].values, b["bihaar_level_l2sq"].values, rtol=1e-5)

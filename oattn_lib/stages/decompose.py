@@ -10,7 +10,7 @@ import xarray as xr
 
 from .. import store
 from ..diffusion import diffusion_map
-from ..entropy import l1_norm, l1_over_l2
+from ..entropy import coarse_coefficients, l1_norm, l1_over_l2, level_sums
 from ..haar import bihaar, haar_basis, trihaar
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
@@ -34,12 +34,22 @@ def _figure_units(figure_heads, layers, heads) -> list[tuple[int, int]]:
 
 def decompose(attention_store, organized_store, out, quantity: str, crop=None,
               *, figure_heads, questionnaire2d_iters: int, random_tree_seeds: int,
+              coarse_coefficients: int = 4096, keep_coefficients: bool = False,
               config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
     2-D organization and paraproduct, and the diffusion map of heads (docs/method.md §3, §6, §7, §8). The Haar
     expansions run on the device `device` resolves to (`runtime.resolve_device`). A store without
     pre-softmax scores gets the figure heads' 2-D organization of `quantity` and no paraproduct
-    (NaN, the reason in the attribute `paraproduct_not_run`)."""
+    (NaN, the reason in the attribute `paraproduct_not_run`).
+
+    Stored of the expansions (docs/method.md §6.6): the `coarse_coefficients` coarsest bi-Haar
+    coefficients of each head and tri-Haar coefficients of the network (coarsest first, with
+    their flat indices), the sums of |c| and c^2 per combination of levels (the sparsities
+    follow from them exactly), and the figure heads' bi-Haar coefficients; every coefficient
+    too (`bihaar`, `trihaar`) with `keep_coefficients`."""
+    if isinstance(coarse_coefficients, bool) or not isinstance(coarse_coefficients, (int, np.integer)) \
+            or coarse_coefficients < 1:
+        raise ValueError(f"decompose.coarse_coefficients: expected a positive integer, got {coarse_coefficients!r}")
     net = read_network(attention_store, quantity, crop)
     attrs, coords, a = net.attrs, net.coords, net.array
     del net
@@ -71,6 +81,13 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     rel, rel_unorg, orders = [], [], []
     # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed
     position = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(coords["unit_layer"][1], coords["unit_head"][1]))}
+    expansions, level_coords = _expansions(c2, c3, (sq, sk, sh), (lq, lk, lh), coarse_coefficients,
+                                           [position[(int(la), int(h))] for la, h in units])
+    if keep_coefficients:
+        expansions |= {"bihaar": (("qbasis", "kbasis", "unit"), c2.cpu().numpy()),
+                       "trihaar": (("qbasis", "kbasis", "hbasis"), c3.cpu().numpy())}
+    network_l1 = l1_norm(c3)
+    del c2, c3
     for layer, head in units:
         f = a[:, :, position[(int(layer), int(head))]]
         fig["original"].append(f)
@@ -100,12 +117,11 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     dm = diffusion_map(org.affinity_h, n_components=3)
     fh = ("fig_head", "row", "col")
     out_ds = xr.Dataset(
-        {"bihaar": (("qbasis", "kbasis", "unit"), c2.cpu().numpy()),
-         "trihaar": (("qbasis", "kbasis", "hbasis"), c3.cpu().numpy()),
+        {**expansions,
          "support_q": ("qbasis", sq), "level_q": ("qbasis", lq),
          "support_k": ("kbasis", sk), "level_k": ("kbasis", lk),
          "support_h": ("hbasis", sh), "level_h": ("hbasis", lh),
-         "network_l1": ((), l1_norm(c3)),
+         "network_l1": ((), network_l1),
          "network_l1_random": ((), float(np.mean(rand_l1))),
          "network_sparsity_random": ((), float(np.mean(rand_ratio))),
          "diffusion_coords": (("unit", "component"), np.asarray(dm.coords, dtype=np.float32)),
@@ -116,17 +132,40 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
          "fig_rel_residual": ("fig_head", np.array(rel)),
          "fig_rel_residual_unorganized": ("fig_head", np.array(rel_unorg))},
         coords={k: v for k, v in coords.items() if k not in ("query", "key")} | {
-                "fig_layer": ("fig_head", [u[0] for u in units]),
+                "fig_layer": ("fig_head", [u[0] for u in units]), **level_coords,
                 "fig_head_index": ("fig_head", [u[1] for u in units])},
         attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind")},
                **store.provenance_attrs(config_slice or {}, attrs.get("checkpoint_sha256"), code=code,
-                                        quantity=quantity)})
+                                        quantity=quantity, coefficients="all" if keep_coefficients else "coarsest")})
     if no_scores:
         out_ds.attrs["paraproduct_not_run"] = no_scores
     store.write_store(out_ds, out)
     log.info("decomposed: network l1 %.4g (random trees %.4g); paraproduct residual %s (unorganized %s)",
              out_ds["network_l1"].item(), out_ds["network_l1_random"].item(),
              np.round(rel, 4).tolist(), np.round(rel_unorg, 4).tolist())
+
+
+def _expansions(c2, c3, supports, levels, keep: int, figure_positions: list[int]) -> tuple[dict, dict]:
+    """What the consumers of the expansions read (docs/method.md §6.6): the `keep` coarsest
+    coefficients of each head and of the network with their flat indices, the level sums of
+    |c| and c^2, and the figure heads' bi-Haar coefficients; (variables, coordinates) of the
+    decomposed store."""
+    (sq, sk, sh), (lq, lk, lh) = supports, levels
+    b_coarse, b_idx = coarse_coefficients(c2, [sq, sk], [lq, lk], keep)
+    t_coarse, t_idx = coarse_coefficients(c3, [sq, sk, sh], [lq, lk, lh], keep)
+    b_l1, b_l2, (vq, vk) = level_sums(c2, [lq, lk])
+    t_l1, t_l2, (_, _, vh) = level_sums(c3, [lq, lk, lh])
+    fig = c2[:, :, torch.as_tensor(figure_positions, dtype=torch.long, device=c2.device)]
+    return {"bihaar_coarse": (("coarse2", "unit"), b_coarse.cpu().numpy()),
+            "coarse2_index": ("coarse2", b_idx),
+            "trihaar_coarse": ("coarse3", t_coarse.cpu().numpy()),
+            "coarse3_index": ("coarse3", t_idx),
+            "bihaar_level_l1": (("qlevel", "klevel", "unit"), b_l1.cpu().numpy()),
+            "bihaar_level_l2sq": (("qlevel", "klevel", "unit"), b_l2.cpu().numpy()),
+            "trihaar_level_l1": (("qlevel", "klevel", "hlevel"), t_l1.cpu().numpy()),
+            "trihaar_level_l2sq": (("qlevel", "klevel", "hlevel"), t_l2.cpu().numpy()),
+            "fig_bihaar": (("fig_head", "qbasis", "kbasis"), fig.permute(2, 0, 1).cpu().numpy())}, \
+        {"qlevel": vq, "klevel": vk, "hlevel": vh}
 
 
 def decompose_samples(attention_stores: list, organized_stores: list, outs: list, quantity: str, crop=None,

@@ -9,7 +9,7 @@ import numpy as np
 import xarray as xr
 
 from .. import store
-from ..entropy import coarse_l1, l1_over_l2
+from ..entropy import coarse_l1, ratio_of_sums
 
 log = logging.getLogger("oattn")
 
@@ -26,43 +26,63 @@ def clamped_top_k(top_k: int, supports: list, path, key: str, what: str) -> int:
     return total
 
 
+def _coarse_sum(ds, path, name: str, top_k: int, full: str, supports, levels, key: str) -> np.ndarray:
+    """sum |c| over the `top_k` coarsest coefficients: a prefix of the kept coarsest ones
+    (`name`, coarsest first), or of every coefficient (`full`) where the store keeps them and
+    top_k exceeds the prefix (docs/method.md §6.6)."""
+    axis = ds[name].dims[0]
+    kept = ds.sizes[axis]
+    if top_k <= kept:
+        c = store.load_variable(ds.isel({axis: slice(0, top_k)}), name, path, finite=True)
+        return np.abs(c).sum(0, dtype=np.float64)
+    if full not in ds.variables:
+        raise ValueError(f"{path}: keeps the {kept} coarsest {full} coefficients, fewer than {key} = {top_k}; "
+                         "raise decompose.coarse_coefficients or set decompose.keep_coefficients: true")
+    c = store.load_variable(ds, full, path, finite=True)
+    try:
+        return coarse_l1(c, supports, levels, top_k)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc} ({key})") from exc
+
+
+# what the entropy stage reads of a decomposed store
+NEEDED = ("bihaar_coarse", "trihaar_coarse", "bihaar_level_l1", "bihaar_level_l2sq", "trihaar_level_l1",
+          "trihaar_level_l2sq")
+
+
 def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
             config_slice: dict | None = None, code: str | None = None) -> None:
-    """Per-head and per-network l1 entropies and sparsity for every sample (docs/method.md §6)."""
+    """Per-head and per-network l1 entropies and sparsity for every sample (docs/method.md §6),
+    from the coarsest coefficients and the level sums the decompose stage keeps (§6.6)."""
     rows = {k: [] for k in ("head_entropy", "head_sparsity", "network_entropy", "network_sparsity",
                             "network_l1", "network_l1_random", "network_sparsity_random", "head_top_k",
                             "network_top_k")}
     first = None
     for path in decomposed_stores:
-        # lazily, one coefficient tensor at a time: at 270 heads x 1024 tokens the bi- and
-        # tri-Haar coefficients are 1.1 GB each
-        ds = store.read_store(path, require=("bihaar", "trihaar"), lazy=True)
+        # lazily: only the kept prefix is read (every coefficient of a store that keeps them
+        # is 1.1 GB each of bi- and tri-Haar at 270 heads x 1024 tokens)
+        ds = store.read_store(path, require=NEEDED, lazy=True)
         if first is None:
             first = {"attrs": dict(ds.attrs), "unit_layer": ds["unit_layer"].values,
                      "unit_head": ds["unit_head"].values}
         sup2 = [ds["support_q"].values, ds["support_k"].values]
         lev2 = [ds["level_q"].values, ds["level_k"].values]
-        c2 = store.load_variable(ds, "bihaar", path, finite=True)
+        sup3, lev3 = sup2 + [ds["support_h"].values], lev2 + [ds["level_h"].values]
         # a sample of its own length (the user's texts, docs/method.md §9.4.1) may have fewer coefficients than top_k:
         # then all of them, recorded per sample and said in the log
         k2 = clamped_top_k(head_top_k, sup2, path, "entropy.head_top_k", "bi-Haar")
-        k3 = clamped_top_k(network_top_k, sup2 + [ds["support_h"].values], path, "entropy.network_top_k", "tri-Haar")
+        k3 = clamped_top_k(network_top_k, sup3, path, "entropy.network_top_k", "tri-Haar")
         rows["head_top_k"].append(k2)
         rows["network_top_k"].append(k3)
-        try:
-            rows["head_entropy"].append(coarse_l1(c2, sup2, lev2, k2))
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc} (entropy.head_top_k)") from exc
-        rows["head_sparsity"].append(l1_over_l2(c2, (0, 1)))
-        del c2
-        c3 = store.load_variable(ds, "trihaar", path, finite=True)
-        try:
-            rows["network_entropy"].append(float(coarse_l1(c3, sup2 + [ds["support_h"].values],
-                                                           lev2 + [ds["level_h"].values], k3)))
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc} (entropy.network_top_k)") from exc
-        rows["network_sparsity"].append(float(l1_over_l2(c3.reshape(-1), 0)))
-        del c3
+        rows["head_entropy"].append(_coarse_sum(ds, path, "bihaar_coarse", k2, "bihaar", sup2, lev2,
+                                                "entropy.head_top_k"))
+        rows["network_entropy"].append(float(_coarse_sum(ds, path, "trihaar_coarse", k3, "trihaar", sup3, lev3,
+                                                         "entropy.network_top_k")))
+        # l1/l2 of every coefficient, exactly, from the sums per level
+        lv = {v: store.load_variable(ds, v, path, finite=True) for v in NEEDED[2:]}
+        rows["head_sparsity"].append(ratio_of_sums(lv["bihaar_level_l1"], lv["bihaar_level_l2sq"], (0, 1)))
+        rows["network_sparsity"].append(float(ratio_of_sums(lv["trihaar_level_l1"], lv["trihaar_level_l2sq"],
+                                                            (0, 1, 2))))
         for k in ("network_l1", "network_l1_random", "network_sparsity_random"):
             rows[k].append(float(ds[k].values))
     n_s = len(decomposed_stores)

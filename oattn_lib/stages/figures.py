@@ -41,10 +41,10 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     def done(what):
         log.info("%s: %.1f s", what, time.perf_counter() - start)
 
-    # every variable but the coefficients (1.1 GB each of bi- and tri-Haar at 1024 tokens x 270
-    # heads), whose two figure heads' columns are read below
-    dec0 = store.read_store(decomposed_stores[0], lazy=True)
-    dec0 = dec0.drop_vars(["bihaar", "trihaar"]).load().assign(bihaar=dec0["bihaar"])
+    # every variable but the coefficients a store may keep (1.1 GB each of bi- and tri-Haar at
+    # 1024 tokens x 270 heads): the figure heads' own are `fig_bihaar`
+    dec0 = store.read_store(decomposed_stores[0], require=("fig_bihaar",), lazy=True)
+    dec0 = dec0.drop_vars([v for v in ("bihaar", "trihaar") if v in dec0.variables]).load()
     org0, _ = load_organization(organized_stores[0])
     names = [f"{int(l)}.{int(h)}" for l, h in zip(dec0["fig_layer"].values, dec0["fig_head_index"].values)]
     units = [f"{int(l)}.{int(h)}" for l, h in zip(dec0["unit_layer"].values, dec0["unit_head"].values)]
@@ -64,13 +64,8 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     lev = np.add.outer(dec0["level_q"].values, dec0["level_k"].values).ravel()
     by_support = np.lexsort((np.arange(sup.size), lev, -sup))
     picks = list(range(min(2, len(names))))
-    coeffs, sups = [], []
-    unit_layer, unit_head = dec0["unit_layer"].values, dec0["unit_head"].values
-    for j in picks:
-        u = int(np.flatnonzero((unit_layer == dec0["fig_layer"].values[j])
-                               & (unit_head == dec0["fig_head_index"].values[j]))[0])
-        coeffs.append(dec0["bihaar"].isel(unit=u).values.ravel()[by_support])
-        sups.append(sup[by_support])
+    coeffs = [dec0["fig_bihaar"].values[j].ravel()[by_support] for j in picks]
+    sups = [sup[by_support] for _ in picks]
     bh = haar_basis(org0.tree_h)[0]
     plots.save(plots.fig4_bihaar(coeffs, sups, [names[j] for j in picks],
                                  bh[org0.tree_h.order][:, :min(6, bh.shape[1])]), outs["fig4"])
@@ -82,12 +77,7 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
     vals = []
     k6 = min(trihaar_samples, len(decomposed_stores))
     for path in decomposed_stores[:k6]:
-        d = store.read_store(path, require=("trihaar",), variables=("trihaar", *(f"{v}_{a}" for v in ("support", "level")
-                                                                             for a in "qkh")))
-        idx = coarsest([d["support_q"].values, d["support_k"].values, d["support_h"].values],
-                       [d["level_q"].values, d["level_k"].values, d["level_h"].values],
-                       min(trihaar_top_k, d["trihaar"].size))
-        vals.append(d["trihaar"].values.ravel()[idx])
+        vals.append(_coarsest_trihaar(path, trihaar_top_k))
     plots.save(plots.fig6_top_trihaar(np.stack(vals), [f"sample {s}" for s in range(k6)]), outs["fig6"])
     done("figures 5-6")
     k = min(temperature_samples, len(decomposed_stores))
@@ -97,6 +87,24 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
         _temperature(model_name, attention_stores[:k], decomposed_stores[:k], outs, temperature_taus,
                      temperature_random_orders, crop)
     done("temperature figure")
+
+
+def _coarsest_trihaar(path, top_k: int) -> np.ndarray:
+    """The `top_k` coarsest tri-Haar coefficients of a decomposed store, coarsest first
+    (docs/method.md §6.6): a prefix of the kept ones, or taken from every coefficient where
+    the store keeps them all (decompose.keep_coefficients) and top_k exceeds the prefix."""
+    axes = [f"{v}_{a}" for v in ("support", "level") for a in "qkh"]
+    d = store.read_store(path, require=("trihaar_coarse",), variables=("trihaar_coarse", *axes), lazy=True)
+    sup, lev = [d[f"support_{a}"].values for a in "qkh"], [d[f"level_{a}"].values for a in "qkh"]
+    total = int(np.prod([len(v) for v in sup]))
+    if min(top_k, total) <= d.sizes["coarse3"]:
+        return store.load_variable(d, "trihaar_coarse", path)[:top_k]
+    full = store.read_store(path, variables=("trihaar",), lazy=True)
+    if "trihaar" not in full.variables:
+        raise ValueError(f"{store.store_path(path)}: keeps the {d.sizes['coarse3']} coarsest tri-Haar coefficients, "
+                         f"fewer than figures.trihaar_top_k = {top_k}; raise decompose.coarse_coefficients or set "
+                         "decompose.keep_coefficients: true")
+    return store.load_variable(full, "trihaar", path).ravel()[coarsest(sup, lev, min(top_k, total))]
 
 
 # -- where Theorem 1 holds -----------------------------------------------------------------
