@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from oattn_lib.resources import MODELS, largest_array_mb, memory_mb, runtime_minutes  # noqa: E402
 
-_FILE = re.compile(r"^(?P<rule>[a-z_]+?)(?:_sample(?P<sample>\d+))?\.tsv$")
+_FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_sample(?P<sample>\d+))?\.tsv$")
 COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds"]
 
 

@@ -1,6 +1,6 @@
 """What an analysis job asks a cluster for: memory and run time, from what the job holds.
 
-A job of the analysis rules (organize, decompose, stability, and entropy, figures and explorer,
+A job of the analysis rules (organize, decompose, organize2d, stability, and entropy, figures and explorer,
 which read one sample at a time) holds a few copies of one sample's network tensor (query x key
 x stored heads, float32 in memory whatever the store keeps) beside the interpreter and its
 libraries. Its peak resident memory is modelled as `base + factor x` the tensor's size, the size
@@ -54,6 +54,7 @@ MODELS = {
     "organize": JobModel(950.0, 1.9, 30.0, 0.3, per_sample_time=True),
     "decompose": JobModel(950.0, 3.8, 30.0, 0.2, per_sample_time=True),
     "entropy": JobModel(180.0, 0.0, 20.0, 0.03, per_sample_time=True),
+    "organize2d": JobModel(950.0, 0.6, 30.0, 0.25, per_sample_time=True),
     "stability": JobModel(1000.0, 3.8, 60.0, 0.6, per_sample_time=True),
     "figures": JobModel(950.0, 1.8, 30.0, 0.4),
     "explorer": JobModel(950.0, 3.5, 30.0, 0.25, per_sample_time=True),

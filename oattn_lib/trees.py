@@ -18,7 +18,8 @@ import scipy.sparse
 
 from ._arrays import check_affinity
 
-__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree", "level_agreement", "architecture_agreement"]
+__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree", "level_agreement", "architecture_agreement",
+           "padded_labels", "from_padded"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -492,3 +493,22 @@ def architecture_agreement(tree: PartitionTree, unit_layer, unit_head, unit_kv_g
     if np.unique(kv).size >= np.unique(np.asarray(unit_head)).size:
         return by_layer, np.full(tree.n_levels, np.nan)
     return by_layer, level_agreement(tree, layer * (int(kv.max()) + 1) + kv)
+
+
+def padded_labels(trees: list[PartitionTree], n: int) -> np.ndarray:
+    """The labels of trees of n items and of different depths in one (tree, level, item) int64
+    array, the shallower ones padded with rows of -1 (a store variable; `from_padded` reads one
+    back). No trees: shape (0, 1, n)."""
+    for t in trees:
+        if t.n != n:
+            raise ValueError(f"trees: a tree of {t.n} items among trees of {n}")
+    out = np.full((len(trees), max((t.n_levels for t in trees), default=1), n), -1, dtype=np.int64)
+    for i, t in enumerate(trees):
+        out[i, :t.n_levels] = t.labels
+    return out
+
+
+def from_padded(labels: np.ndarray) -> PartitionTree:
+    """The tree of one (level, item) slice of `padded_labels` (its rows of -1 dropped)."""
+    labels = np.asarray(labels)
+    return PartitionTree(labels[labels[:, 0] >= 0])

@@ -687,7 +687,7 @@ def test_the_workflow_pages_follow_the_config_and_the_stores(clean_run):
     import xarray as xr
     from wfutil import TINY
     from oattn_lib.explorer import read_meta
-    from oattn_lib.explorer.build import figure_units
+    from oattn_lib.heads2d import figure_units
 
     res = clean_run / "results"
     index = (res / "explorer.html").read_text()

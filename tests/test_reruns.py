@@ -24,7 +24,8 @@ pytestmark = pytest.mark.workflow
 # txl and vit (tiny) analyse both samples in one job per stage (organize_2_samples, ...), lm one
 # job per sample (jobs.batch_max_entries in the test config)
 ANALYSIS_AFTER_ORGANIZE = {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2,
-                           "entropy": 3, "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer": 3,
+                           "entropy": 3, "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3,
+                           "figures": 3, "prune": 3, "explorer": 3,
                            "explorer_index": 1, "summary": 1, "all": 1}
 
 
@@ -230,12 +231,13 @@ def test_stores_record_their_code_and_hold_nothing_foreign(clean_run):
     from oattn_lib.fingerprint import code_fingerprint
     res = clean_run / "results"
     stores = sorted(res.glob("*/*/sample*.zarr")) + sorted(res.glob("*/entropy.zarr"))
-    assert len(stores) == 3 * (3 * 2 + 1)
+    assert len(stores) == 3 * (4 * 2 + 1)
     for path in stores:
         assert not (path / ".snakemake_timestamp").exists(), path
         # a user opens a store the README's way without any warning (pytest turns zarr's into errors)
         ds = xr.open_zarr(path, consolidated=False)
-        stage = {"attention": "extract", "organized": "organize", "decomposed": "decompose"}.get(
+        stage = {"attention": "extract", "organized": "organize", "decomposed": "decompose",
+                 "organized2d": "organize2d"}.get(
             path.parent.name, "entropy")
         expect = code_fingerprint(REPO / "scripts" / f"{stage}.py", REPO)
         assert ds.attrs["code"] == f"{stage}:{expect}", path

@@ -116,14 +116,14 @@ def test_logs_for_every_stage(run):
 
 
 def test_jobs_after_the_kernels_compile_none(run):
-    """Rule `kernels` compiled the numba kernels before the jobs that run them: no organize or
-    decompose job compiled one (each logs what it loaded and compiled at exit)."""
+    """Rule `kernels` compiled the numba kernels before the jobs that run them: no organize,
+    decompose or organize2d job compiled one (each logs what it loaded and compiled at exit)."""
     import json
     report = json.loads((run / "results" / "kernels" / "numba.json").read_text())
     assert set(report["kernels"]) >= {"emd._l1_accumulate", "sweep._haar_up", "sweep._means_kernel"}
     logs = sorted((run / "results" / "logs").rglob("organize*.log")) + sorted(
         (run / "results" / "logs").rglob("decompose*.log"))
-    assert len(logs) == 2 * (2 + 2)  # per stage: txl and vit one job each, lm one per sample
+    assert len(logs) == 3 * (2 + 2)  # per stage: txl and vit one job each, lm one per sample
     for path in logs:
         counts = re.findall(r"numba kernels: (\d+) loaded from the cache, (\d+) compiled", path.read_text())
         assert counts and int(counts[-1][0]) > 0 and int(counts[-1][1]) == 0, f"{path}: {counts}"
@@ -134,8 +134,8 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     cfg["entropy"]["head_top_k"] = 9
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     # stability: the replicates' entropies (txl and lm have a stability section)
-    assert jobs == {"entropy": 3, "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer": 3,
-                    "explorer_index": 1, "summary": 1, "all": 1}
+    assert jobs == {"entropy": 3, "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3,
+                    "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 
 
 def test_changing_the_questionnaire_reruns_organize_and_after(run):
@@ -144,8 +144,8 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     # txl and vit: one job for both samples; lm: one per sample
     assert jobs == {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2, "entropy": 3,
-                    "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1,
-                    "summary": 1, "all": 1}
+                    "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3, "figures": 3, "prune": 3,
+                    "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 
 
 def test_changing_a_stability_section_reruns_that_models_stability_and_what_reads_it(run):

@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 
 from .. import store
-from .collect import heads_for_2d, organize_head, read_sample
+from ..heads2d import read_organizations_2d, sample_organizations
+from ..heads2d import figure_units, heads_for_2d
+from .collect import read_sample
 from .encode import Plan, encode_sample, encoded_bytes, full_head_bytes, plan, round_values
 
 log = logging.getLogger("oattn")
@@ -23,19 +25,6 @@ STABILITY_METRIC = "Haar entropy: largest change over replicates (relative)"
 # the rankings of the prune stage (oattn_lib.ablation.RANKINGS) that score heads by something
 # other than the Haar entropy the grid already shows; random orders score nothing
 _NOT_A_HEAD_SCORE = ("Haar entropy", "random")
-
-
-def figure_units(figure_heads, n_layer: int, n_head: int) -> list[int]:
-    """Units of the config's figure heads ((layer, head) pairs: positions among the stored layers
-    and heads, negative counting from the end, as oattn_lib.units.resolve_unit reads them)."""
-    out = []
-    for layer, head in figure_heads:
-        lay, hd = int(layer) % n_layer, int(head) % n_head
-        if not (-n_layer <= int(layer) < n_layer and -n_head <= int(head) < n_head):
-            raise ValueError(f"figure_heads: ({layer}, {head}) is outside the stored {n_layer} layers x "
-                             f"{n_head} heads")
-        out.append(lay * n_head + hd)
-    return out
 
 
 def units_of(layers, heads, stored_layers, stored_heads, where: str) -> np.ndarray:
@@ -131,14 +120,32 @@ def _measured(s0, orgs0, n_q: int, n_k: int, n_units: int):
     return sample_bytes
 
 
+def _organizations_2d(i: int, paths, organized2d_stores, units2d: list[int], layers, heads, quantity: str, crop,
+                      iters: int) -> dict:
+    """Sample i's 2-D organizations of `units2d`: its organize2d store's (checked to hold those
+    heads), or made here (`stages.organize2d.sample_organizations`)."""
+    if organized2d_stores is None:
+        return sample_organizations(paths[0], paths[2], units2d, layers, heads, quantity=quantity, crop=crop,
+                                    questionnaire2d_iters=iters)[0]
+    orgs, _ = read_organizations_2d(organized2d_stores[i])
+    if list(orgs) != list(units2d):
+        raise ValueError(f"{organized2d_stores[i]}: organizes heads {list(orgs)} in 2-D, the explorer shows "
+                         f"{list(units2d)} (entropy extremes and figure heads of the current run): the store is "
+                         "stale, delete it so the workflow regenerates it")
+    return orgs
+
+
 def model_payload(model: str, kind: str, attention_stores: list, organized_stores: list,
                   decomposed_stores: list, entropy_store, tables: list[dict], rankings_csv=None, *,
                   quantity: str, crop=None, figure_heads=((0, 0),), heads_2d: int = 8,
                   questionnaire2d_iters: int = 10, max_side: int = 128, data_bytes: int = 9_000_000,
-                  stability_store=None) -> dict:
+                  stability_store=None, organized2d_stores: list | None = None) -> dict:
     """Everything the page shows of a model: per-head metrics, per-sample heads at the planned
     resolution, tables, and with a `stability_store` each head's entropy range over the
-    replicates (`stability_payload`); `meta` says what is shown at which resolution."""
+    replicates (`stability_payload`); `meta` says what is shown at which resolution.
+
+    The 2-D organizations of the heads shown in 2-D are read from `organized2d_stores` (one
+    per sample, the organize2d stage's), or made here by the same code where none are given."""
     if not (len(attention_stores) == len(organized_stores) == len(decomposed_stores) > 0):
         raise ValueError(f"attention_stores, organized_stores, decomposed_stores: need one per sample, got "
                          f"{len(attention_stores)}, {len(organized_stores)}, {len(decomposed_stores)}")
@@ -169,12 +176,15 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
         units2d = []
     samples, kv, t2d = [], None, 0.0
     paths = list(zip(attention_stores, organized_stores, decomposed_stores))
+    if organized2d_stores is not None and len(organized2d_stores) != n_s:
+        raise ValueError(f"organized2d_stores: {len(organized2d_stores)} stores for {n_s} samples")
 
     def load(i):
         nonlocal t2d
         s = read_sample(i, *paths[i], quantity=quantity, crop=crop, masks_of=units2d)
         t = time.perf_counter()
-        orgs = {u: organize_head(s.logits[u], questionnaire2d_iters, s.allowed[u]) for u in units2d}
+        orgs = _organizations_2d(i, paths[i], organized2d_stores, units2d, layers, heads, quantity, crop,
+                                 questionnaire2d_iters)
         t2d += time.perf_counter() - t
         return s, orgs
 

@@ -1,6 +1,5 @@
-"""What the explorer shows of one sample, read from the workflow's stores and computed where
-the stores hold no such thing: every head's 2-D organization (docs/method.md §5.3) and paraproduct
-residual (docs/method.md §7) for a bounded set of heads.
+"""What the explorer shows of one sample, read from the workflow's stores (the 2-D
+organizations of the heads it shows in 2-D are `heads2d`'s).
 
 Heads are indexed by unit u = layer * n_head + head (docs/method.md §1.1), whatever order a
 store keeps them in: every array read here is mapped through the store's own `layer`,
@@ -17,15 +16,12 @@ import xarray as xr
 
 from .. import store
 from ..models import KINDS
-from ..paraproduct import paraproduct
-from ..questionnaire import questionnaire2d
 from ..stages.common import allowed_mask, head_array, load_organization, model_mask, read_network
 from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["Sample", "HeadOrganization", "read_sample", "organize_head", "token_labels", "unit_grid",
-           "kv_groups", "heads_for_2d", "layer_masks"]
+__all__ = ["Sample", "read_sample", "token_labels", "unit_grid", "kv_groups", "layer_masks"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,19 +46,6 @@ class Sample:
     info: dict
     allowed: dict
     layer_allowed: np.ndarray | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class HeadOrganization:
-    """A head's own 2-D organization and its paraproduct residual (exact softmax minus the
-    approximation, in the organized order), with the relative residual norms of the
-    organized and the unorganized head (docs/method.md §7)."""
-
-    tree_r: PartitionTree
-    tree_c: PartitionTree
-    residual: np.ndarray
-    relative_residual: float
-    relative_residual_unorganized: float
 
 
 def unit_grid(layers, heads, n_head: int, stored_layers=None, stored_heads=None) -> np.ndarray:
@@ -177,27 +160,3 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     return Sample(index, xv, lv, org.tree_q, org.tree_k, tree_h, diff, tokens, keys, info, allowed, masks)
 
 
-def organize_head(logits: np.ndarray, n_iters: int, allowed=None) -> HeadOrganization:
-    """A head's 2-D organization from its pre-softmax scores (docs/method.md §5.3) and the paraproduct
-    residual of the organized and the unorganized head against the model's own (masked)
-    softmax (docs/method.md §7), as the decompose stage computes them for the figure heads."""
-    g = np.asarray(logits, dtype=np.float64)
-    tree_r, tree_c = questionnaire2d(g, n_iters=n_iters)
-    pp = paraproduct(g, row_order=tree_r.order, col_order=tree_c.order, allowed=allowed)
-    pu = paraproduct(g, allowed=allowed)
-    return HeadOrganization(tree_r, tree_c, np.asarray(pp.residual, dtype=np.float64),
-                            float(pp.relative_residual), float(pu.relative_residual))
-
-
-def heads_for_2d(figure_units: list[int], mean_entropy: np.ndarray, n: int) -> list[int]:
-    """The units given a 2-D organization when only `n` are: the figure heads first, then the
-    extremes of the mean Haar entropy over samples, lowest and highest in turn (the heads
-    Table 1 is about)."""
-    n_units = mean_entropy.size
-    order = np.argsort(mean_entropy, kind="stable")
-    extremes = [int(u) for pair in zip(order, order[::-1]) for u in pair]
-    out = []
-    for u in [*figure_units, *extremes]:
-        if u not in out:
-            out.append(int(u))
-    return out[:min(n, n_units)]

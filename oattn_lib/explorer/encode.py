@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collect import HeadOrganization, Sample
+from ..heads2d import HeadOrganization
+from .collect import Sample
 from .lod import block_mean, boundary_depth, pack, quantise, tree_cut, uniform_cut
 
 __all__ = ["Plan", "plan", "encode_sample", "encoded_bytes", "full_head_bytes", "estimate_sample_bytes", "round_values",

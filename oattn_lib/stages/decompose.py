@@ -15,7 +15,7 @@ from ..haar import bihaar, haar_basis, trihaar
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
-from ..trees import random_tree
+from ..trees import padded_labels, random_tree
 from ..units import resolve_unit
 from .common import head_array, load_organization, model_mask, read_network
 
@@ -78,7 +78,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     del xv
     units = _figure_units(figure_heads, ds["layer"].values, ds["head"].values)
     fig = {k: [] for k in ("original", "organized3d", "organized2d", "exact", "approx", "residual")}
-    rel, rel_unorg, orders = [], [], []
+    rel, rel_unorg, orders, trees2d = [], [], [], []
     # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed
     position = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(coords["unit_layer"][1], coords["unit_head"][1]))}
     expansions, level_coords = _expansions(c2, c3, (sq, sk, sh), (lq, lk, lh), coarse_coefficients,
@@ -95,6 +95,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         if no_scores:
             tr, tc = questionnaire2d(f.astype(np.float64), n_iters=questionnaire2d_iters)
             orders.append((tr.order, tc.order))
+            trees2d.append((tr, tc))
             fig["organized2d"].append(f[np.ix_(tr.order, tc.order)])
             for k in ("exact", "approx", "residual"):
                 fig[k].append(np.full(f.shape, np.nan))
@@ -108,6 +109,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         pp = paraproduct(g, row_order=tr.order, col_order=tc.order, allowed=allowed)
         pu = paraproduct(g, allowed=allowed)
         orders.append((tr.order, tc.order))
+        trees2d.append((tr, tc))
         fig["organized2d"].append(np.asarray(pp.organized))
         fig["exact"].append(np.asarray(pp.exact))
         fig["approx"].append(np.asarray(pp.approximation))
@@ -129,6 +131,9 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
          **{f"fig_{k}": (fh, np.stack(v).astype(np.float32)) for k, v in fig.items()},
          "fig_row_order": (("fig_head", "row"), np.array([o[0] for o in orders], dtype=np.int64)),
          "fig_col_order": (("fig_head", "col"), np.array([o[1] for o in orders], dtype=np.int64)),
+         # the trees themselves, which the explorer draws (stages.organize2d reads them)
+         "fig_row_tree": (("fig_head", "fig_level_r", "row"), padded_labels([t[0] for t in trees2d], a.shape[0])),
+         "fig_col_tree": (("fig_head", "fig_level_c", "col"), padded_labels([t[1] for t in trees2d], a.shape[1])),
          "fig_rel_residual": ("fig_head", np.array(rel)),
          "fig_rel_residual_unorganized": ("fig_head", np.array(rel_unorg))},
         coords={k: v for k, v in coords.items() if k not in ("query", "key")} | {

@@ -16,13 +16,16 @@ __all__ = ["explorer", "explorer_index"]
 def explorer(model: str, kind: str, attention_stores: list, organized_stores: list, decomposed_stores: list,
              entropy_store, table1_csv, table2_csv, out, *, quantity: str, crop=None, figure_heads,
              questionnaire2d_iters: int, heads_2d: int, max_side: int, data_mb: float,
-             table3_csv=None, table4_csv=None, rankings_csv=None, stability_store=None, stability_csv=None) -> None:
+             table3_csv=None, table4_csv=None, rankings_csv=None, stability_store=None, stability_csv=None,
+             organized2d_stores: list | None = None) -> None:
     """Write `out`, the explorer page of one model: its samples, head grid, diffusion map of heads,
     the four views of the selected head and Tables 1-2 (3-4 where the prune stage ran; with the
     stability stage's store and table, each head's entropy range over the replicates and the
     spread of every measure).
 
-    data_mb bounds the embedded data (before compression); plotly.js comes on top."""
+    data_mb bounds the embedded data (before compression); plotly.js comes on top. The heads
+    shown in 2-D have their organizations read from `organized2d_stores` (the organize2d stage's,
+    one per sample), or made here where none are given (a notebook)."""
     tables = [table_payload("Table 1: most frequent top and bottom heads by Haar entropy", table1_csv, "head",
                             "Click a row to select its head."),
               table_payload("Table 2: network entropy and sparsity per sample", table2_csv, "sample",
@@ -42,7 +45,8 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
     payload = model_payload(model, kind, attention_stores, organized_stores, decomposed_stores, entropy_store,
                             tables, rankings_csv, quantity=quantity, crop=crop, figure_heads=figure_heads,
                             heads_2d=heads_2d, questionnaire2d_iters=questionnaire2d_iters, max_side=max_side,
-                            data_bytes=int(data_mb * 1e6), stability_store=stability_store)
+                            data_bytes=int(data_mb * 1e6), stability_store=stability_store,
+                            organized2d_stores=organized2d_stores)
     store.atomic_write_text(out, render_page(payload))
     size = os.path.getsize(out) / 1e6
     log.info("explorer %s: %s, %.2f MB (%s)", model, out, size,

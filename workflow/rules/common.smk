@@ -77,6 +77,7 @@ ATTENTION = store(f"{R}/{{model}}/attention/sample{{sample}}.zarr")
 ORGANIZED = store(f"{R}/{{model}}/organized/sample{{sample}}.zarr")
 DECOMPOSED = store(f"{R}/{{model}}/decomposed/sample{{sample}}.zarr")
 ENTROPY = store(f"{R}/{{model}}/entropy.zarr")
+ORGANIZED_2D = store(f"{R}/{{model}}/organized2d/sample{{sample}}.zarr")
 STABILITY = store(f"{R}/{{model}}/stability.zarr")
 
 
@@ -122,6 +123,19 @@ def decomposed_stores(wildcards):
 
 def organized_stores(wildcards):
     return [ORGANIZED.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
+
+
+def organized2d_stores(wildcards):
+    return [ORGANIZED_2D.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
+
+
+# what the organize2d rules read of the config: the heads the explorer shows in 2-D
+# (explorer.heads_2d, the figure heads first) and the 2-D questionnaire's iterations
+ORGANIZE2D = {
+    "figure_heads": config["decompose"]["figure_heads"],
+    "questionnaire2d_iters": config["decompose"]["questionnaire2d_iters"],
+    "heads_2d": config["explorer"]["heads_2d"],
+}
 
 
 # -- code fingerprints -------------------------------------------------------------------
@@ -375,6 +389,7 @@ def explorer_inputs(wildcards):
         "attention": attention_stores(wildcards),
         "organized": organized_stores(wildcards),
         "decomposed": decomposed_stores(wildcards),
+        "organized2d": organized2d_stores(wildcards),
         "entropy": ENTROPY.format(model=wildcards.model),
         "table1": f"{R}/{wildcards.model}/tables/table1.csv",
         "table2": f"{R}/{wildcards.model}/tables/table2.csv",

@@ -1,6 +1,6 @@
 # The interactive explorer: one self-contained HTML page per model (plotly.js inline,
-# opens from disk with no network) and an index page linking them. Reads every stage's outputs;
-# computes the 2-D organization and paraproduct residual of explorer.heads_2d heads per sample.
+# opens from disk with no network) and an index page linking them. Reads every stage's outputs,
+# the 2-D organizations of the heads it shows in 2-D included (organize2d.smk).
 
 
 rule explorer:

@@ -1,0 +1,116 @@
+"""The organize2d stage: each sample's 2-D organizations of the heads the explorer shows in 2-D,
+the figure heads' taken from the decompose stage, the others computed once (docs/method.md §5.3,
+§7, §12.1); the explorer reads them."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from oattn_lib import store
+from oattn_lib.heads2d import heads_for_2d, organize_head, read_organizations_2d
+from oattn_lib.stages.decompose import decompose_samples
+from oattn_lib.stages.entropy import entropy
+from oattn_lib.stages.organize import organize_samples
+from oattn_lib.stages.organize2d import organize2d_samples
+from oattn_lib.trees import PartitionTree, from_padded, padded_labels, random_tree
+
+from test_faults import attention_store
+
+FIG = [[0, 1], [-1, -1]]
+N_LAYER, N_HEAD, N = 3, 2, 24
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Two samples of 3 layers x 2 heads at 24 tokens through organize, decompose, entropy and
+    organize2d (4 heads in 2-D: the 2 figure heads and 2 entropy extremes)."""
+    root = tmp_path_factory.mktemp("o2d")
+    rng = np.random.default_rng(11)
+    att = [attention_store(root / f"att{i}.zarr", rng.normal(size=(N_LAYER, N_HEAD, N, N)) * 3, sample=i)
+           for i in range(2)]
+    org = [root / f"org{i}.zarr" for i in range(2)]
+    dec = [root / f"dec{i}.zarr" for i in range(2)]
+    o2d = [root / f"o2d{i}.zarr" for i in range(2)]
+    organize_samples(att, org, "probs", params={"n_iters": 2})
+    decompose_samples(att, org, dec, "probs", figure_heads=FIG, questionnaire2d_iters=3, random_tree_seeds=1)
+    entropy(dec, root / "ent.zarr", 20, 20)
+    organize2d_samples(att, dec, root / "ent.zarr", o2d, quantity="probs", figure_heads=FIG, heads_2d=4,
+                       questionnaire2d_iters=3)
+    return {"root": root, "att": att, "org": org, "dec": dec, "o2d": o2d}
+
+
+def test_the_heads_are_the_figure_heads_then_the_entropy_extremes(run):
+    ent = store.read_store(run["root"] / "ent.zarr")
+    mean = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(2, -1).mean(0)
+    want = heads_for_2d([1, 5], mean, 4)
+    assert want[:2] == [1, 5] and len(want) == 4
+    for path in run["o2d"]:
+        orgs, not_run = read_organizations_2d(path)
+        assert list(orgs) == want and not_run is None
+        ds = store.read_store(path)
+        assert ds["unit2d_layer"].values.tolist() == [u // N_HEAD for u in want]
+        assert ds["unit2d_head"].values.tolist() == [u % N_HEAD for u in want]
+
+
+def test_figure_heads_are_the_decompose_stages_and_the_others_the_questionnaires(run):
+    for i in range(2):
+        orgs, _ = read_organizations_2d(run["o2d"][i])
+        dec = store.read_store(run["dec"][i])
+        scores = store.read_store(run["att"][i])["scores"].transpose("layer", "head", "query", "key").values
+        for j, u in enumerate([1, 5]):  # the figure heads: decompose's trees, residual and norms
+            assert orgs[u].tree_r.order.tolist() == dec["fig_row_order"].values[j].tolist()
+            assert orgs[u].tree_c.order.tolist() == dec["fig_col_order"].values[j].tolist()
+            np.testing.assert_array_equal(orgs[u].residual, dec["fig_residual"].values[j].astype(np.float64))
+            assert orgs[u].relative_residual == dec["fig_rel_residual"].values[j]
+        for u in list(orgs)[2:]:  # the others: this sample's own head, organized here
+            fresh = organize_head(scores[u // N_HEAD, u % N_HEAD].astype(np.float32), 3)
+            np.testing.assert_array_equal(orgs[u].tree_r.labels, fresh.tree_r.labels)
+            np.testing.assert_array_equal(orgs[u].tree_c.labels, fresh.tree_c.labels)
+            np.testing.assert_allclose(orgs[u].residual, fresh.residual, rtol=1e-6, atol=1e-7)
+            assert orgs[u].relative_residual == pytest.approx(fresh.relative_residual, rel=1e-12)
+
+
+def test_the_stage_organizes_only_the_heads_decompose_did_not(run, tmp_path, caplog):
+    import logging
+
+    from oattn_lib.stages.organize2d import organize2d
+    with caplog.at_level(logging.INFO, logger="oattn"):
+        organize2d(run["att"][0], run["dec"][0], run["root"] / "ent.zarr", tmp_path / "o.zarr", quantity="probs",
+                   figure_heads=FIG, heads_2d=4, questionnaire2d_iters=3)
+    assert "4 heads (2 computed, 2 the decompose stage's figure heads)" in caplog.text
+
+
+def test_a_page_from_the_stores_is_the_page_made_without_them(run, tmp_path):
+    """The explorer reads the stores, or (a notebook, no stores) makes the organizations by the
+    same code: the two pages' data are the same."""
+    from oattn_lib.explorer.build import model_payload
+    common = dict(quantity="probs", figure_heads=FIG, heads_2d=4, questionnaire2d_iters=3, max_side=8,
+                  data_bytes=10**7)
+    args = ("toy", "txl", run["att"], run["org"], run["dec"], run["root"] / "ent.zarr", [])
+    a = model_payload(*args, organized2d_stores=run["o2d"], **common)
+    b = model_payload(*args, **common)
+    for p in (a, b):
+        p["meta"].pop("build_seconds")
+    assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+    assert a["meta"]["units_2d"] == list(read_organizations_2d(run["o2d"][0])[0])
+    # a store of other heads (a stale one: 3 heads in 2-D, not 4) is named, not shown
+    from oattn_lib.stages.organize2d import organize2d
+    stale = tmp_path / "o2d1.zarr"
+    organize2d(run["att"][1], run["dec"][1], run["root"] / "ent.zarr", stale, quantity="probs", figure_heads=FIG,
+               heads_2d=3, questionnaire2d_iters=3)
+    with pytest.raises(ValueError, match=r"o2d1\.zarr: organizes heads .* the store is stale"):
+        model_payload(*args, organized2d_stores=[run["o2d"][0], stale], **common)
+
+
+def test_padded_labels_round_trip_trees_of_different_depths():
+    rng = np.random.default_rng(2)
+    trees = [random_tree(9, rng), PartitionTree(np.stack([np.zeros(9, np.int64), np.arange(9)])), random_tree(9, rng)]
+    pad = padded_labels(trees, 9)
+    assert pad.shape == (3, max(t.n_levels for t in trees), 9) and (pad[1, 2:] == -1).all()
+    for t, row in zip(trees, pad):
+        np.testing.assert_array_equal(from_padded(row).labels, t.labels)
+    assert padded_labels([], 5).shape == (0, 1, 5)
+    with pytest.raises(ValueError, match="a tree of 9 items among trees of 8"):
+        padded_labels(trees, 8)
