@@ -871,3 +871,46 @@ def test_a_subset_store_is_labelled_by_the_models_layer_and_head_indices(browser
     assert set(re.findall(r"L\d+ H\d+", note)) == {"L1 H0", "L1 H2", "L3 H0", "L3 H2"}
     p.shot("subset-labels")
     assert p.errors == []
+
+
+def test_sample_0_is_encoded_once_where_the_plan_encodes_it_as_its_trial_did(tmp_path, monkeypatch):
+    """The plan measures sample 0 by encoding it; where the page shows sample 0 the same way (the
+    same level of detail, no head at full resolution) that encoding is the page's, not made
+    again (at 1024 tokens it takes as long as reading the sample), and equal to a fresh one."""
+    import json
+
+    import oattn_lib.explorer.build as build
+    from oattn_lib.explorer.encode import encode_sample
+    from oattn_lib.explorer.synthetic import synthetic_model
+
+    b = synthetic_model(tmp_path, "m", "txl", 40, 2, 2, 2, seed=3)["base"]
+    calls = []
+
+    def counted(s, orgs, p, i):
+        calls.append((s.index, p.side))
+        return encode_sample(s, orgs, p, i)
+
+    monkeypatch.setattr(build, "encode_sample", counted)
+    args = ("m", "txl", *[[b / f"{d}/sample{i}.zarr" for i in range(2)] for d in ("attention", "organized",
+                                                                               "decomposed")], b / "entropy.zarr", [])
+    kw = dict(quantity="scores", figure_heads=[[0, 0]], heads_2d=0, questionnaire2d_iters=1, max_side=8,
+              data_bytes=10**7)
+    pay = build.model_payload(*args, **kw)
+    side = pay["meta"]["plan"]["side"]
+    assert not pay["meta"]["plan"]["full_mode"] and pay["meta"]["plan"]["full_units"] == {"0": [], "1": []}
+    assert calls.count((0, side)) == 1 and calls.count((1, side)) == 1
+    # the page's sample 0 is what encoding it for the final plan gives
+    measured = build._measured
+
+    def never_reused(*a):
+        f = measured(*a)
+        f.encoded = lambda p: None
+        return f
+
+    monkeypatch.setattr(build, "_measured", never_reused)
+    calls.clear()
+    fresh = build.model_payload(*args, **kw)
+    assert calls.count((0, side)) == 2  # encoded for the plan again
+    for p in (pay, fresh):
+        p["meta"].pop("build_seconds")
+    assert json.dumps(pay, sort_keys=True) == json.dumps(fresh, sort_keys=True)
