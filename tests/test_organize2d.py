@@ -114,3 +114,14 @@ def test_padded_labels_round_trip_trees_of_different_depths():
     assert padded_labels([], 5).shape == (0, 1, 5)
     with pytest.raises(ValueError, match="a tree of 9 items among trees of 8"):
         padded_labels(trees, 8)
+
+
+def test_a_count_that_differs_names_the_stage_and_every_count(tmp_path):
+    from oattn_lib.stages.decompose import decompose_samples as dec
+    with pytest.raises(ValueError, match=r"organize2d: 2 attention stores, 1 decomposed stores and 2 outputs; "
+                                         r"expected one of each per sample"):
+        organize2d_samples(["a", "b"], ["c"], "e", ["o", "p"], quantity="probs", figure_heads=FIG, heads_2d=1,
+                           questionnaire2d_iters=1)
+    with pytest.raises(ValueError, match=r"decompose: 1 attention stores, 1 organized stores and 2 outputs"):
+        dec(["a"], ["b"], ["o", "p"], "probs", figure_heads=FIG, questionnaire2d_iters=1, random_tree_seeds=1)
+    assert not list(tmp_path.iterdir())

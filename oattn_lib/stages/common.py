@@ -18,7 +18,7 @@ from ..trees import PartitionTree
 log = logging.getLogger("oattn")
 
 __all__ = ["Network", "read_network", "on_device", "head_array", "load_organization",
-           "allowed_mask", "model_mask", "softmax_heads"]
+           "allowed_mask", "model_mask", "softmax_heads", "each_sample"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,3 +179,16 @@ def softmax_heads(att) -> bool:
     Tensor Attention variant (arch.attention in the store's config)."""
     config = json.loads(att.attrs.get("config", "{}"))
     return config.get("arch", {}).get("attention", "softmax") == "softmax"
+
+
+def each_sample(stage: str, inputs: dict[str, list], outs: list, run) -> None:
+    """`run(*the sample's inputs, its output)` on each sample in turn (one job for all samples of a
+    small model: the job's start-up is paid once); `inputs`: {what: one path per sample}. A
+    count that differs is an error naming the stage and every count."""
+    if any(len(v) != len(outs) for v in inputs.values()):
+        counts = ", ".join(f"{len(v)} {what}" for what, v in inputs.items())
+        raise ValueError(f"{stage}: {counts} and {len(outs)} outputs; expected one of each per sample")
+    for i, paths in enumerate(zip(*inputs.values(), outs)):
+        if len(outs) > 1:
+            log.info("sample %d of %d: %s", i + 1, len(outs), paths[0])
+        run(*paths)

@@ -17,7 +17,7 @@ from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
 from ..trees import padded_labels, random_tree
 from ..units import resolve_unit
-from .common import head_array, load_organization, model_mask, read_network
+from .common import each_sample, head_array, load_organization, model_mask, read_network
 
 log = logging.getLogger("oattn")
 
@@ -177,10 +177,5 @@ def decompose_samples(attention_stores: list, organized_stores: list, outs: list
                       **kwargs) -> None:
     """`decompose` on each sample in turn (one job for all samples of a small model: the job's
     start-up is paid once). Keyword arguments are `decompose`'s."""
-    if not len(attention_stores) == len(organized_stores) == len(outs):
-        raise ValueError(f"decompose: {len(attention_stores)} attention stores, {len(organized_stores)} organized "
-                         f"stores and {len(outs)} outputs; expected one of each per sample")
-    for i, (att, org, out) in enumerate(zip(attention_stores, organized_stores, outs)):
-        if len(outs) > 1:
-            log.info("sample %d of %d: %s", i + 1, len(outs), att)
-        decompose(att, org, out, quantity, crop, **kwargs)
+    each_sample("decompose", {"attention stores": attention_stores, "organized stores": organized_stores}, outs,
+                lambda att, org, out: decompose(att, org, out, quantity, crop, **kwargs))

@@ -8,7 +8,7 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import questionnaire3d
-from .common import Network, on_device, read_network
+from .common import Network, each_sample, on_device, read_network
 
 log = logging.getLogger("oattn")
 
@@ -52,9 +52,5 @@ def organized_dataset(net: Network, quantity: str, params: dict | None = None, *
 def organize_samples(attention_stores: list, outs: list, quantity: str, crop=None, **kwargs) -> None:
     """`organize` on each sample in turn: attention_stores[i] to outs[i] (one job for all samples of
     a small model: the job's start-up is paid once). Keyword arguments are `organize`'s."""
-    if len(attention_stores) != len(outs):
-        raise ValueError(f"organize: {len(attention_stores)} attention stores for {len(outs)} outputs")
-    for i, (att, out) in enumerate(zip(attention_stores, outs)):
-        if len(outs) > 1:
-            log.info("sample %d of %d: %s", i + 1, len(outs), att)
-        organize(att, out, quantity, crop, **kwargs)
+    each_sample("organize", {"attention stores": attention_stores}, outs,
+                lambda att, out: organize(att, out, quantity, crop, **kwargs))

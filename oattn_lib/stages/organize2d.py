@@ -18,6 +18,7 @@ import xarray as xr
 from .. import store
 from ..heads2d import sample_organizations, units_2d
 from ..trees import padded_labels
+from .common import each_sample
 
 log = logging.getLogger("oattn")
 
@@ -63,10 +64,5 @@ def organize2d_samples(attention_stores: list, decomposed_stores: list, entropy_
                        **kwargs) -> None:
     """`organize2d` on each sample in turn (one job for all samples of a small model). Keyword
     arguments are `organize2d`'s."""
-    if not len(attention_stores) == len(decomposed_stores) == len(outs):
-        raise ValueError(f"organize2d: {len(attention_stores)} attention stores, {len(decomposed_stores)} "
-                         f"decomposed stores and {len(outs)} outputs; expected one of each per sample")
-    for i, (att, dec, out) in enumerate(zip(attention_stores, decomposed_stores, outs)):
-        if len(outs) > 1:
-            log.info("sample %d of %d: %s", i + 1, len(outs), att)
-        organize2d(att, dec, entropy_store, out, **kwargs)
+    each_sample("organize2d", {"attention stores": attention_stores, "decomposed stores": decomposed_stores}, outs,
+                lambda att, dec, out: organize2d(att, dec, entropy_store, out, **kwargs))
