@@ -96,20 +96,21 @@ def sample_organizations(attention_store, decomposed_store, units: list[int], la
     if "scores" not in att.variables:
         return {}, 0, f"{store.store_path(attention_store)} holds no pre-softmax scores"
     dec = store.read_store(decomposed_store, lazy=True)
-    figs = {}
+    figs, fig = {}, {}
     if "fig_row_tree" in dec.variables and "paraproduct_not_run" not in dec.attrs:
         figs = {(int(la), int(h)): j for j, (la, h) in enumerate(zip(dec["fig_layer"].values,
                                                                        dec["fig_head_index"].values))}
+        # read once: the figure heads' residuals are 4 MB each at 1024 tokens
+        fig = {v: store.load_variable(dec, v, decomposed_store) for v in
+               ("fig_row_tree", "fig_col_tree", "fig_residual", "fig_rel_residual", "fig_rel_residual_unorganized")}
     n_head, orgs, computed = len(heads), {}, 0
     for u in units:
         layer, head = int(layers[u // n_head]), int(heads[u % n_head])
         j = figs.get((layer, head))
         if j is not None:  # the decompose stage's organization of a figure head, the same computation
-            orgs[u] = HeadOrganization(from_padded(store.load_variable(dec, "fig_row_tree", decomposed_store)[j]),
-                                       from_padded(store.load_variable(dec, "fig_col_tree", decomposed_store)[j]),
-                                       dec["fig_residual"].values[j].astype(np.float64),
-                                       float(dec["fig_rel_residual"].values[j]),
-                                       float(dec["fig_rel_residual_unorganized"].values[j]))
+            orgs[u] = HeadOrganization(from_padded(fig["fig_row_tree"][j]), from_padded(fig["fig_col_tree"][j]),
+                                       fig["fig_residual"][j].astype(np.float64), float(fig["fig_rel_residual"][j]),
+                                       float(fig["fig_rel_residual_unorganized"][j]))
             continue
         g = head_array(att, "scores", layer, head, crop, where=str(attention_store)).astype(np.float32)
         o = organize_head(g, questionnaire2d_iters, model_mask(att, layer, head, g, crop))

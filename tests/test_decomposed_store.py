@@ -86,7 +86,7 @@ def test_entropies_from_the_kept_coefficients_equal_those_from_every_coefficient
 
 def test_a_top_k_beyond_the_kept_coefficients_names_the_keys_and_writes_nothing(sample, tmp_path):
     out = tmp_path / "ent.zarr"
-    with pytest.raises(ValueError, match=r"coarse\.zarr: keeps the 300 coarsest bihaar coefficients, fewer than "
+    with pytest.raises(ValueError, match=r"coarse\.zarr: keeps the 300 coarsest bi-Haar coefficients, fewer than "
                                          r"entropy\.head_top_k = 301; raise decompose\.coarse_coefficients or set "
                                          r"decompose\.keep_coefficients: true"):
         entropy([sample / "coarse.zarr"], out, 301, 10)

@@ -9,11 +9,11 @@ import numpy as np
 import xarray as xr
 
 from .. import store
-from ..entropy import coarse_l1, ratio_of_sums
+from ..entropy import coarsest, ratio_of_sums
 
 log = logging.getLogger("oattn")
 
-__all__ = ["entropy", "clamped_top_k"]
+__all__ = ["entropy", "clamped_top_k", "coarsest_kept", "EXPANSIONS"]
 
 
 def clamped_top_k(top_k: int, supports: list, path, key: str, what: str) -> int:
@@ -26,23 +26,28 @@ def clamped_top_k(top_k: int, supports: list, path, key: str, what: str) -> int:
     return total
 
 
-def _coarse_sum(ds, path, name: str, top_k: int, full: str, supports, levels, key: str) -> np.ndarray:
-    """sum |c| over the `top_k` coarsest coefficients: a prefix of the kept coarsest ones
-    (`name`, coarsest first), or of every coefficient (`full`) where the store keeps them and
-    top_k exceeds the prefix (docs/method.md §6.6)."""
+# the expansions a decomposed store holds: their axes and their names in messages
+EXPANSIONS = {"bihaar": ("qk", "bi-Haar"), "trihaar": ("qkh", "tri-Haar")}
+
+
+def coarsest_kept(ds, path, expansion: str, top_k: int, key: str) -> np.ndarray:
+    """The coefficients of the `top_k` coarsest basis functions of a decomposed store's
+    `expansion` ("bihaar": (top_k, unit); "trihaar": (top_k,)), coarsest first (docs/method.md
+    §6.6): a prefix of the kept ones, or picked from every coefficient where the store keeps
+    them (decompose.keep_coefficients) and top_k exceeds the prefix; else an error naming `key`.
+    `ds`: the store, opened lazily; top_k: at most the number of basis functions."""
+    axes, label = EXPANSIONS[expansion]
+    name = f"{expansion}_coarse"
     axis = ds[name].dims[0]
-    kept = ds.sizes[axis]
-    if top_k <= kept:
-        c = store.load_variable(ds.isel({axis: slice(0, top_k)}), name, path, finite=True)
-        return np.abs(c).sum(0, dtype=np.float64)
-    if full not in ds.variables:
-        raise ValueError(f"{path}: keeps the {kept} coarsest {full} coefficients, fewer than {key} = {top_k}; "
-                         "raise decompose.coarse_coefficients or set decompose.keep_coefficients: true")
-    c = store.load_variable(ds, full, path, finite=True)
-    try:
-        return coarse_l1(c, supports, levels, top_k)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc} ({key})") from exc
+    if top_k <= ds.sizes[axis]:
+        return store.load_variable(ds.isel({axis: slice(0, top_k)}), name, path, finite=True)
+    if expansion not in ds.variables:
+        raise ValueError(f"{store.store_path(path)}: keeps the {ds.sizes[axis]} coarsest {label} coefficients, "
+                         f"fewer than {key} = {top_k}; raise decompose.coarse_coefficients or set "
+                         "decompose.keep_coefficients: true")
+    c = store.load_variable(ds, expansion, path, finite=True)
+    idx = coarsest([ds[f"support_{a}"].values for a in axes], [ds[f"level_{a}"].values for a in axes], top_k)
+    return c.reshape(-1, *c.shape[len(axes):])[idx]
 
 
 # what the entropy stage reads of a decomposed store
@@ -66,18 +71,17 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
             first = {"attrs": dict(ds.attrs), "unit_layer": ds["unit_layer"].values,
                      "unit_head": ds["unit_head"].values}
         sup2 = [ds["support_q"].values, ds["support_k"].values]
-        lev2 = [ds["level_q"].values, ds["level_k"].values]
-        sup3, lev3 = sup2 + [ds["support_h"].values], lev2 + [ds["level_h"].values]
+        sup3 = sup2 + [ds["support_h"].values]
         # a sample of its own length (the user's texts, docs/method.md §9.4.1) may have fewer coefficients than top_k:
         # then all of them, recorded per sample and said in the log
         k2 = clamped_top_k(head_top_k, sup2, path, "entropy.head_top_k", "bi-Haar")
         k3 = clamped_top_k(network_top_k, sup3, path, "entropy.network_top_k", "tri-Haar")
         rows["head_top_k"].append(k2)
         rows["network_top_k"].append(k3)
-        rows["head_entropy"].append(_coarse_sum(ds, path, "bihaar_coarse", k2, "bihaar", sup2, lev2,
-                                                "entropy.head_top_k"))
-        rows["network_entropy"].append(float(_coarse_sum(ds, path, "trihaar_coarse", k3, "trihaar", sup3, lev3,
-                                                         "entropy.network_top_k")))
+        rows["head_entropy"].append(np.abs(coarsest_kept(ds, path, "bihaar", k2, "entropy.head_top_k"))
+                                    .sum(0, dtype=np.float64))
+        rows["network_entropy"].append(float(np.abs(coarsest_kept(ds, path, "trihaar", k3, "entropy.network_top_k"))
+                                             .sum(dtype=np.float64)))
         # l1/l2 of every coefficient, exactly, from the sums per level
         lv = {v: store.load_variable(ds, v, path, finite=True) for v in NEEDED[2:]}
         rows["head_sparsity"].append(ratio_of_sums(lv["bihaar_level_l1"], lv["bihaar_level_l2sq"], (0, 1)))

@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 
 from .. import plots, store
-from ..entropy import coarsest
 from ..haar import haar_basis
 from ..temperature import (
     crossover,
@@ -19,6 +18,7 @@ from ..temperature import (
     temperature_grid,
 )
 from .common import head_array, load_organization, model_mask
+from .entropy import coarsest_kept
 
 log = logging.getLogger("oattn")
 
@@ -90,21 +90,11 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
 
 
 def _coarsest_trihaar(path, top_k: int) -> np.ndarray:
-    """The `top_k` coarsest tri-Haar coefficients of a decomposed store, coarsest first
-    (docs/method.md §6.6): a prefix of the kept ones, or taken from every coefficient where
-    the store keeps them all (decompose.keep_coefficients) and top_k exceeds the prefix."""
-    axes = [f"{v}_{a}" for v in ("support", "level") for a in "qkh"]
-    d = store.read_store(path, require=("trihaar_coarse",), variables=("trihaar_coarse", *axes), lazy=True)
-    sup, lev = [d[f"support_{a}"].values for a in "qkh"], [d[f"level_{a}"].values for a in "qkh"]
-    total = int(np.prod([len(v) for v in sup]))
-    if min(top_k, total) <= d.sizes["coarse3"]:
-        return store.load_variable(d, "trihaar_coarse", path)[:top_k]
-    full = store.read_store(path, variables=("trihaar",), lazy=True)
-    if "trihaar" not in full.variables:
-        raise ValueError(f"{store.store_path(path)}: keeps the {d.sizes['coarse3']} coarsest tri-Haar coefficients, "
-                         f"fewer than figures.trihaar_top_k = {top_k}; raise decompose.coarse_coefficients or set "
-                         "decompose.keep_coefficients: true")
-    return store.load_variable(full, "trihaar", path).ravel()[coarsest(sup, lev, min(top_k, total))]
+    """The `top_k` coarsest tri-Haar coefficients of a decomposed store (all of a shorter one),
+    coarsest first (`stages.common.coarsest_kept`)."""
+    d = store.read_store(path, require=("trihaar_coarse",), lazy=True)
+    total = d.sizes["qbasis"] * d.sizes["kbasis"] * d.sizes["hbasis"]
+    return coarsest_kept(d, path, "trihaar", min(top_k, total), "figures.trihaar_top_k")
 
 
 # -- where Theorem 1 holds -----------------------------------------------------------------
