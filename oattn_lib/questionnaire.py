@@ -7,6 +7,7 @@ refines the others' geometry in turn.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,23 +145,53 @@ def questionnaire3d(X, n_iters: int = 3, alpha=0.0, beta=1.0, constant: float = 
     def tree(aff):
         return flexible_tree(aff, constant=constant, n_eigs=n_eigs, seed=seed)
 
+    progress = _Progress(n_iters, x.shape)
     aff_q, aff_k = _cosine(x, 0), _cosine(x, 1)
     emd = TreeEMD(x, check_finite=False)  # x is checked; its buffers serve all nine steps
     tree_q, tree_k = tree(aff_q), tree(aff_k)
     init_q, init_k = tree_q, tree_k
+    progress.step("initial query and key trees (cosine affinities)")
     aff_h = np.ones((nh, nh))
     tree_h = None
     for it in range(n_iters):
         tq, tk = (init_q, init_k) if head_uses_initial_trees else (tree_q, tree_k)
         aff_h = _affinity(emd, 2, (tq, tk), (aq, ak), (bq, bk), eps)
         tree_h = tree(aff_h)
+        progress.step(f"iteration {it + 1}/{n_iters}: head tree")
         aff_q = _affinity(emd, 0, (tree_k, tree_h), (ak, ah), (bk, bh), eps)
         tree_q = tree(aff_q)
+        progress.step(f"iteration {it + 1}/{n_iters}: query tree", slow=True)
         aff_k = _affinity(emd, 1, (tree_q, tree_h), (aq, ah), (bq, bh), eps)
         tree_k = tree(aff_k)
-        log.debug("questionnaire iteration %d/%d: levels q=%d k=%d h=%d", it + 1, n_iters,
-                  tree_q.n_levels, tree_k.n_levels, tree_h.n_levels)
+        progress.step(f"iteration {it + 1}/{n_iters}: key tree, levels q={tree_q.n_levels} k={tree_k.n_levels} "
+                      f"h={tree_h.n_levels}", slow=True)
     return Organization(tree_q, tree_k, tree_h, aff_q, aff_k, aff_h)
+
+
+class _Progress:
+    """The questionnaire's steps in the log: at INFO once it has run `QUIET_S` seconds (a
+    1024-token LLM sample takes minutes), with the time to go estimated from the query and key
+    steps so far (the head steps are cheap); at DEBUG before, so small tensors stay quiet."""
+
+    QUIET_S = 10.0
+
+    def __init__(self, n_iters: int, shape):
+        self.total, self.n_slow, self.done = 1 + 3 * n_iters, 2 * n_iters, 0
+        self.shape = tuple(int(n) for n in shape)
+        self.start = self.last = time.perf_counter()
+        self.slow = []  # seconds of the query and key steps
+
+    def step(self, what: str, slow: bool = False) -> None:
+        """One step done: `what`, `slow` for a query or key step."""
+        now = time.perf_counter()
+        took, self.last, self.done = now - self.last, now, self.done + 1
+        if slow:
+            self.slow.append(took)
+        left = self.total - self.done
+        togo = (self.n_slow - len(self.slow)) * sum(self.slow) / len(self.slow) if self.slow else float("nan")
+        level = logging.INFO if now - self.start > self.QUIET_S else logging.DEBUG
+        log.log(level, "questionnaire of %d x %d x %d: step %d/%d, %s, %.0f s (%.0f s in all%s)", *self.shape, self.done, self.total, what, took, now - self.start,
+                f", about {togo:.0f} s to go" if left and togo == togo else "")
 
 
 def _affinity(emd: TreeEMD, axis, trees, alphas, betas, eps) -> np.ndarray:

@@ -228,3 +228,25 @@ def test_questionnaire2d_recovers_a_permuted_smooth_head():
     l1 = np.abs(bihaar(m, tr, tc)).sum()
     l1_rand = np.abs(bihaar(m, random_tree(40, rng), random_tree(32, rng))).sum()
     assert l1 < 0.5 * l1_rand
+
+
+def test_a_long_questionnaire_logs_each_step_with_the_time_to_go(caplog, monkeypatch):
+    import logging
+
+    from oattn_lib import questionnaire as qmod
+
+    x = np.random.default_rng(0).random((24, 20, 5)).astype(np.float32)
+    monkeypatch.setattr(qmod._Progress, "QUIET_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="oattn_lib.questionnaire"):
+        org = qmod.questionnaire3d(x, n_iters=2)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    # the initial trees, then head, query and key per iteration, in that order
+    assert [ln.split(", ")[0] for ln in lines] == [f"questionnaire of 24 x 20 x 5: step {k}/7" for k in range(1, 8)]
+    assert "iteration 2/2: key tree" in lines[-1] and f"q={org.tree_q.n_levels}" in lines[-1]
+    assert "to go" in lines[2] and "to go" not in lines[-1]
+    # quiet below the threshold: a small tensor logs nothing at INFO
+    caplog.clear()
+    monkeypatch.setattr(qmod._Progress, "QUIET_S", 1e9)
+    with caplog.at_level(logging.INFO, logger="oattn_lib.questionnaire"):
+        qmod.questionnaire3d(x, n_iters=1)
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO]

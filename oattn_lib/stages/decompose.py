@@ -3,6 +3,7 @@ organization and paraproduct, and the diffusion map of heads (docs/method.md §3
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -67,11 +68,15 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     # baselines beside the kept bi- and tri-Haar coefficients made the peak one expansion higher
     rng = np.random.default_rng(0)
     rand_l1, rand_ratio = [], []
+    t = time.perf_counter()
     for _ in range(random_tree_seeds):
         cr = trihaar(xv, *(random_tree(n, rng) for n in xv.shape))
         rand_l1.append(l1_norm(cr))
         rand_ratio.append(float(l1_over_l2(cr.reshape(-1), 0)))
         del cr
+    log.info("decompose %s: random-tree baselines (%d seeds), %.0f s", tuple(a.shape), random_tree_seeds,
+             time.perf_counter() - t)
+    t = time.perf_counter()
     c2 = bihaar(xv, org.tree_q, org.tree_k)
     c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h)
     (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
@@ -88,7 +93,10 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
                        "trihaar": (("qbasis", "kbasis", "hbasis"), c3.cpu().numpy())}
     network_l1 = l1_norm(c3)
     del c2, c3
+    log.info("decompose %s: bi- and tri-Haar expansions, their coarsest coefficients and level sums, %.0f s",
+             tuple(a.shape), time.perf_counter() - t)
     for layer, head in units:
+        t = time.perf_counter()
         f = a[:, :, position[(int(layer), int(head))]]
         fig["original"].append(f)
         fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
@@ -116,6 +124,8 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         fig["residual"].append(np.asarray(pp.residual))
         rel.append(float(pp.relative_residual))
         rel_unorg.append(float(pu.relative_residual))
+        log.info("decompose: figure head layer %d, head %d: 2-D questionnaire (%d iterations) and paraproducts, %.0f s",
+                 layer, head, questionnaire2d_iters, time.perf_counter() - t)
     dm = diffusion_map(org.affinity_h, n_components=3)
     fh = ("fig_head", "row", "col")
     out_ds = xr.Dataset(
