@@ -11,6 +11,14 @@ fitted to and tested against: tests/test_resources.py).
 
     python bench/resources.py results --source default
     python bench/resources.py results/llm --source llm --csv bench/resources.csv
+
+With --model-jobs, the jobs that hold a model (extract, prune) instead: their features
+(`oattn_lib.resources.model_job_features`: weights, attention and logits held, from the run's
+config, given as in Snakemake by config.yaml and --configfile) beside the peaks, appended with
+--csv to bench/model_jobs.csv:
+
+    python bench/resources.py results/llm4k --source llm4k --model-jobs \
+        --configfile workflow/presets/llm4k.yaml --csv bench/model_jobs.csv
 """
 from __future__ import annotations
 
@@ -23,10 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oattn_lib.resources import MODELS, largest_array_mb, memory_mb, runtime_minutes  # noqa: E402
+from oattn_lib.resources import (MODEL_JOBS, MODELS, largest_array_mb, memory_mb,  # noqa: E402
+                                 model_job_features, model_job_memory_mb, model_job_runtime_minutes,
+                                 prune_passes, runtime_minutes)
 
-_FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_sample(?P<sample>\d+))?\.tsv$")
+_FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+))?\.tsv$")
 COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds"]
+MODEL_JOB_COLUMNS = ["source", "model", "rule", "sample", "weights_mb", "attention_mb", "logits_mb", "network_mb",
+                     "work", "max_rss_mb", "seconds"]
 
 
 def _samples(base: Path) -> list[int]:
@@ -61,12 +73,81 @@ def measured(results: Path, source: str) -> list[dict]:
     return rows
 
 
+def run_config(configfile: Path | None) -> dict:
+    """The run's validated config: config.yaml, with `configfile` merged over it as Snakemake does."""
+    import yaml
+    from snakemake.utils import update_config
+
+    from oattn_lib.config import SCHEMA, validate_config
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    if configfile is not None:
+        update_config(config, yaml.safe_load(configfile.read_text()))
+    validate_config(config, str(SCHEMA))
+    return config
+
+
+def measured_model_jobs(results: Path, source: str, config: dict) -> list[dict]:
+    """The extract and prune jobs of a finished run, with what `model_job_features` says they hold."""
+    from oattn_lib.config import prune_settings
+
+    models = {m["name"]: m for m in config["models"]}
+    rows = []
+    for path in sorted((results / "benchmarks").glob("*/*.tsv")):
+        m = _FILE.match(path.name)
+        rule = re.sub(r"_\d+_samples$", "", m["rule"]) if m else None
+        if rule not in MODEL_JOBS or path.parent.name not in models:
+            continue
+        model = models[path.parent.name]
+        prune = prune_settings(config, model)
+        f = model_job_features(rule, model, results / model["name"] / "model", prune)
+        if f is None:
+            continue
+        work = prune_passes(prune) if rule == "prune" else (
+            1 if m["sample"] is not None else len(_samples(results / model["name"])))
+        with path.open() as fh:
+            rec = list(csv.DictReader(fh, delimiter="\t"))[-1]
+        rows.append({"source": source, "model": model["name"], "rule": rule,
+                     "sample": m["sample"] if m["sample"] is not None else "all",
+                     **{k: round(v, 3) for k, v in f.items()}, "work": work,
+                     "max_rss_mb": float(rec["max_rss"]), "seconds": float(rec["s"])})
+    return rows
+
+
+def main_model_jobs(args) -> None:
+    rows = measured_model_jobs(args.results, args.source, run_config(args.configfile))
+    print(f"{'model':10s} {'rule':8s} {'sample':>6s} {'weights':>8s} {'attn':>8s} {'logits':>7s} {'peak MB':>8s} "
+          f"{'asks MB':>8s} {'ratio':>6s} {'wall s':>7s} {'asks min':>8s}")
+    for r in rows:
+        ask = model_job_memory_mb(r["rule"], r)
+        print(f"{r['model']:10s} {r['rule']:8s} {r['sample']:>6s} {r['weights_mb']:8.1f} {r['attention_mb']:8.1f} "
+              f"{r['logits_mb']:7.1f} {r['max_rss_mb']:8.0f} {ask:8d} {ask / r['max_rss_mb']:6.2f} "
+              f"{r['seconds']:7.1f} {model_job_runtime_minutes(r['rule'], r, r['work']):8d}")
+    _append(args.csv, rows, MODEL_JOB_COLUMNS)
+
+
+def _append(path: Path | None, rows: list[dict], columns: list[str]) -> None:
+    if path is None:
+        return
+    new = not path.exists()
+    with path.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path, help="a finished run's results folder")
     ap.add_argument("--source", required=True, help="a label for the run (default, llm, ...)")
     ap.add_argument("--csv", type=Path, help="append the measured rows to this CSV")
+    ap.add_argument("--model-jobs", action="store_true", help="the extract and prune jobs instead")
+    ap.add_argument("--configfile", type=Path, help="the run's --configfile (with --model-jobs)")
     args = ap.parse_args()
+    if args.model_jobs:
+        main_model_jobs(args)
+        return
     rows = measured(args.results, args.source)
     print(f"{'model':10s} {'rule':10s} {'sample':>6s} {'tensor MB':>10s} {'work':>5s} {'peak MB':>8s} "
           f"{'asks MB':>8s} {'ratio':>6s} {'wall s':>7s} {'asks min':>8s}")
@@ -75,13 +156,7 @@ def main():
         print(f"{r['model']:10s} {r['rule']:10s} {r['sample']:>6s} {r['tensor_mb']:10.1f} {r['work']:5d} "
               f"{r['max_rss_mb']:8.0f} {ask:8d} {ask / r['max_rss_mb']:6.2f} {r['seconds']:7.1f} "
               f"{runtime_minutes(r['rule'], r['tensor_mb'], r['work']):8d}")
-    if args.csv:
-        new = not args.csv.exists()
-        with args.csv.open("a", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=COLUMNS)
-            if new:
-                w.writeheader()
-            w.writerows(rows)
+    _append(args.csv, rows, COLUMNS)
 
 
 if __name__ == "__main__":

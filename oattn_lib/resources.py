@@ -17,6 +17,18 @@ for `GROWTH` times the previous attempt's request.
 Run time is modelled the same way, `seconds + seconds per MB x` the size, with the measured times
 of one thread on a 2-core AMD EPYC, times `TIME_MARGIN` for slower or busier nodes, and never less
 than `MIN_RUNTIME` minutes.
+
+The jobs that hold a model (extract, prune: `MODEL_JOBS`) are modelled from what they hold
+instead, all of it known before they run (`model_job_features`): the weights (their parameters
+counted from the safetensors headers, or a checkpoint's size, as float32 or the extraction's
+compute dtype), the attention the forward pass holds at once (extract: one layer's heads x
+tokens^2, the layers being written as they come; prune: every layer's, kept for the gradient of
+the gates) and prune's logits (held-out windows x tokens x vocabulary, at most the evaluation
+budget). Their run time grows with the network's attention (layers x heads x tokens^2) times the
+samples (extract) or the masked passes (prune). These are fitted to `bench/model_jobs.csv`
+(`python bench/resources.py --model-jobs`) and held to it the same way. Training keeps the
+profile's `resources.gpu_mem_mb` and `gpu_runtime`: only the project's small models train here,
+too few sizes to fit a model to.
 """
 from __future__ import annotations
 
@@ -26,7 +38,8 @@ import os
 from dataclasses import dataclass
 
 __all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "memory_mb",
-           "runtime_minutes"]
+           "runtime_minutes", "ModelJob", "MODEL_JOBS", "EVAL_BUDGET_MB", "parameter_count", "model_job_features",
+           "model_job_memory_mb", "model_job_runtime_minutes", "prune_passes", "model_files"]
 
 GROWTH = 1.5
 """Each retry asks for this many times the previous attempt's memory and time."""
@@ -57,6 +70,8 @@ MODELS = {
     "organize2d": JobModel(950.0, 0.6, 30.0, 0.25, per_sample_time=True),
     "stability": JobModel(1000.0, 3.8, 60.0, 0.6, per_sample_time=True),
     "figures": JobModel(950.0, 1.8, 30.0, 0.4),
+    # also the explorer_plan and explorer_sample jobs of a model of one job per sample: each holds
+    # what the page job holds of one sample (it reads and encodes it)
     "explorer": JobModel(950.0, 3.5, 30.0, 0.25, per_sample_time=True),
 }
 
@@ -110,4 +125,180 @@ def runtime_minutes(rule: str, tensor_mb: float, n_samples: int = 1, attempt: in
     for the rules that analyse one sample after another."""
     m = _model(rule)
     seconds = m.base_s + m.s_per_mb * tensor_mb * (n_samples if m.per_sample_time else 1)
+    return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
+
+
+# -- jobs that hold a model: extract and prune ------------------------------------------------
+EVAL_BUDGET_MB = 537.0
+"""prune's activation budget of a masked evaluation pass on a CPU (512 MiB, stages.prune): its
+logits never exceed it."""
+
+
+@dataclass(frozen=True)
+class ModelJob:
+    """Peak memory (MB) = base_mb + per_weight x weights MB + per_attention x attention MB +
+    per_logits x logits MB; wall time (s) = base_s + s_per_mb x network attention MB x work
+    (samples for extract, masked passes for prune)."""
+
+    base_mb: float
+    per_weight: float
+    per_attention: float
+    per_logits: float
+    base_s: float
+    s_per_mb: float
+
+
+# Fitted to bench/model_jobs.csv: the default run's four models (64-128 tokens) and SmolLM2 at
+# 1024 and 4096 tokens.
+MODEL_JOBS = {
+    "extract": ModelJob(850.0, 1.3, 4.5, 0.0, 60.0, 0.01),
+    "prune": ModelJob(1000.0, 2.2, 2.5, 3.0, 120.0, 0.005),
+}
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                      "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_MAX_HEADER = 100 << 20
+
+
+def _safetensors_params(path: str) -> int:
+    """Parameters of a safetensors file, from its JSON header (read, never the tensors)."""
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path}: truncated safetensors file (no header length)")
+        n = int.from_bytes(raw, "little")
+        if n > _MAX_HEADER or n > os.path.getsize(path) - 8:
+            raise ValueError(f"{path}: safetensors header length {n} is larger than the file or 100 MB")
+        try:
+            header = json.loads(fh.read(n))
+        except ValueError as exc:
+            raise ValueError(f"{path}: safetensors header is not JSON ({exc})") from None
+    total = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        shape = t.get("shape") if isinstance(t, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(k, int) and k >= 0 for k in shape):
+            raise ValueError(f"{path}: tensor {name!r} has no valid shape in the header")
+        total += math.prod(shape)
+    return total
+
+
+def parameter_count(paths) -> int:
+    """Parameters of the weight files among `paths` (files, or directories whose top-level files
+    are looked at): a safetensors file's from its header, a .bin/.pt/.pth/.ckpt file's as its
+    size over 4 (float32); 0 where there is none."""
+    files = []
+    for p in paths:
+        p = str(p)
+        if os.path.isdir(p):
+            files += [os.path.join(p, n) for n in sorted(os.listdir(p))]
+        elif os.path.isfile(p):
+            files.append(p)
+    total = 0
+    for f in dict.fromkeys(files):
+        if f.endswith(".safetensors"):
+            total += _safetensors_params(f)
+        elif f.endswith(_WEIGHT_SUFFIXES):
+            total += os.path.getsize(f) // 4
+    return total
+
+
+def _vocabulary(paths) -> int:
+    """`vocab_size` of the first config.json among `paths` (a directory's or the file), 0 without."""
+    for p in paths:
+        p = str(p)
+        f = os.path.join(p, "config.json") if os.path.isdir(p) else p
+        if os.path.basename(f) != "config.json" or not os.path.isfile(f):
+            continue
+        try:
+            with open(f, encoding="utf-8") as fh:
+                cfg = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{f}: not a JSON model config ({exc})") from None
+        for d in (cfg, cfg.get("text_config") or {}):
+            v = d.get("vocab_size") if isinstance(d, dict) else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return 0
+
+
+def model_files(model: dict, model_dir: str | os.PathLike) -> list[str]:
+    """The files that hold the weights and config of the config entry `model`, whose workflow
+    folder for them is `model_dir` (`<results>/<model>/model`): its trained checkpoint there, the
+    float32 directory a GGUF model is prepared into there, or its local Hugging Face directory;
+    [] for a hub id or attention files."""
+    from .models import adapter
+    from .models.files import is_gguf_model, resolve_hf
+
+    if adapter(model).trains:
+        return [os.path.join(str(model_dir), "checkpoint.pt")]
+    if is_gguf_model(model):
+        return [str(model_dir)]
+    if model.get("path"):
+        directory, _ = resolve_hf(model["path"])
+        return [directory] if os.path.isdir(directory) else []
+    return []
+
+
+def model_job_features(rule: str, model: dict, model_dir: str | os.PathLike, prune: dict | None = None) -> dict | None:
+    """What a job of `rule` (extract or prune) of the config entry `model` holds, from the config
+    and the model's files (`model_files`): weights_mb, attention_mb, logits_mb and network_mb (one
+    sample's attention over every layer and head), all float32 MB. None when the layers, heads,
+    tokens or weights cannot be known before the job (a hub id, samples of unknown length): the
+    job then asks the profile's default."""
+    from .config import n_units
+    from .models import adapter
+
+    units, tokens = n_units(model), adapter(model).max_tokens(model)
+    files = model_files(model, model_dir)
+    params = parameter_count(files)
+    weightless = not adapter(model).extracts_with_weights
+    if units is None or not tokens or (params == 0 and not weightless):
+        return None
+    layers, heads = units
+    network = layers * heads * tokens * tokens * 4 / 1e6
+    ex = model.get("extract") or {}
+    if rule == "extract":
+        bytes_per = 2 if ex.get("compute_dtype") in ("bfloat16", "float16") else 4
+        # a model computes and writes one layer at a time; attention files are read a sample at once
+        attention = network if weightless else network / layers
+        return {"weights_mb": params * bytes_per / 1e6, "attention_mb": attention, "logits_mb": 0.0,
+                "network_mb": network}
+    windows = ((prune or {}).get("held_out") or {}).get("hf_windows", 1)
+    logits = min(EVAL_BUDGET_MB, windows * tokens * _vocabulary(files) * 4 / 1e6)
+    return {"weights_mb": params * 4 / 1e6, "attention_mb": network, "logits_mb": logits, "network_mb": network}
+
+
+def prune_passes(prune: dict) -> int:
+    """Masked forward passes of a prune job, as planned: (5 rankings + random_seeds orders) x
+    mask sizes (0 to 100% in fraction_step) x held-out windows."""
+    step = float(prune.get("fraction_step", 0.1))
+    sizes = int(math.floor(1.0 / step + 1e-9)) + 1
+    windows = (prune.get("held_out") or {}).get("hf_windows", 1)
+    return (5 + int(prune.get("random_seeds", 5))) * sizes * int(windows)
+
+
+def _model_job(rule: str) -> ModelJob:
+    try:
+        return MODEL_JOBS[rule]
+    except KeyError:
+        raise ValueError(f"rule {rule!r}: no resource model of a job holding a model; modelled: "
+                         f"{sorted(MODEL_JOBS)}") from None
+
+
+def model_job_memory_mb(rule: str, features: dict, attempt: int = 1) -> int:
+    """The memory (MB) a job of `rule` (extract, prune) asks for, from `model_job_features`."""
+    m = _model_job(rule)
+    mb = (m.base_mb + m.per_weight * features["weights_mb"] + m.per_attention * features["attention_mb"]
+          + m.per_logits * features["logits_mb"])
+    return int(math.ceil(mb * GROWTH ** (attempt - 1)))
+
+
+def model_job_runtime_minutes(rule: str, features: dict, work: int = 1, attempt: int = 1) -> int:
+    """The run time (minutes) a job of `rule` asks for: `work` samples (extract) or masked passes
+    (prune, `prune_passes`) over the network's attention."""
+    m = _model_job(rule)
+    seconds = m.base_s + m.s_per_mb * features["network_mb"] * work
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))

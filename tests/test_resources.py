@@ -13,7 +13,9 @@ import xarray as xr
 from oattn_lib import resources
 from oattn_lib.store import write_store
 
-MEASURED = pd.read_csv(__import__("pathlib").Path(__file__).resolve().parents[1] / "bench" / "resources.csv")
+BENCH = __import__("pathlib").Path(__file__).resolve().parents[1] / "bench"
+MEASURED = pd.read_csv(BENCH / "resources.csv")
+MODEL_JOBS = pd.read_csv(BENCH / "model_jobs.csv")
 
 
 def test_the_record_covers_every_modelled_stage_at_small_and_llm_sizes():
@@ -72,7 +74,7 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
 
     run = tmp_path / "run"
     shutil.copytree(clean_run, run, symlinks=True)
-    proc = snakemake(run, TINY, "--forcerun", "organize", "stability", "--until", "stability")
+    proc = snakemake(run, TINY, "--forcerun", "organize", "stability", "prune", "--until", "stability", "prune")
     text = proc.stdout + proc.stderr
     jobs = re.findall(r"rule (\w+):\n(?:    .*\n)*?    wildcards: ([^\n]*)\n(?:    .*\n)*?    resources: ([^\n]*)",
                       text)
@@ -94,3 +96,107 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
         assert int(got["runtime"]) >= resources.MIN_RUNTIME, (rule, w, got)
         seen.add(stage)
     assert {"organize", "decompose", "entropy", "stability"} <= seen, (seen, text[-3000:])
+    # the prune jobs (one per model of a kind that prunes): the model of what they hold, from the
+    # weights in the run's model folders
+    from oattn_lib.config import SCHEMA, prune_settings, validate_config
+
+    cfg = {**__import__("copy").deepcopy(TINY)}
+    validate_config(cfg, str(SCHEMA))
+    models = {m["name"]: m for m in cfg["models"]}
+    pruned = 0
+    for rule, wildcards, resline in jobs:
+        if rule != "prune":
+            continue
+        w = dict(kv.split("=", 1) for kv in wildcards.split(", "))
+        got = dict(kv.split("=", 1) for kv in resline.split(", "))
+        m = models[w["model"]]
+        f = resources.model_job_features("prune", m, res / m["name"] / "model", prune_settings(cfg, m))
+        assert f is not None and f["weights_mb"] > 0, (w, f)
+        assert int(got["mem_mb"]) == resources.model_job_memory_mb("prune", f), (w, got, f)
+        pruned += 1
+    assert pruned == len(models), text[-3000:]
+
+
+
+# -- the jobs that hold a model: extract and prune ------------------------------------------------
+def test_the_model_jobs_record_covers_both_rules_from_small_models_to_4096_tokens():
+    for rule in resources.MODEL_JOBS:
+        rows = MODEL_JOBS[MODEL_JOBS["rule"] == rule]
+        assert rows["network_mb"].min() < 1 and rows["network_mb"].max() > 1000, rule
+    assert MODEL_JOBS[MODEL_JOBS["rule"] == "extract"]["network_mb"].max() > 10_000  # 4096 tokens
+
+
+@pytest.mark.parametrize("row", MODEL_JOBS.to_dict("records"),
+                         ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
+def test_a_model_job_asks_at_least_its_measured_peak_and_at_most_one_and_a_half_times_it(row):
+    ask = resources.model_job_memory_mb(row["rule"], row)
+    assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
+    minutes = resources.model_job_runtime_minutes(row["rule"], row, int(row["work"]))
+    assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
+
+
+def test_parameters_are_counted_from_safetensors_headers_whatever_the_dtype(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.zeros(3, 5, dtype=torch.bfloat16), "b": torch.zeros(7)}, str(tmp_path / "model.safetensors"))
+    torch.save({"w": torch.zeros(100)}, tmp_path / "checkpoint.pt")
+    (tmp_path / "notes.txt").write_text("x" * 4000)
+    assert resources.parameter_count([tmp_path / "model.safetensors"]) == 15 + 7
+    # a directory's weight files, a checkpoint counted as float32 bytes, other files nothing
+    pt = (tmp_path / "checkpoint.pt").stat().st_size // 4
+    assert resources.parameter_count([tmp_path]) == 22 + pt
+    assert resources.parameter_count([tmp_path / "missing"]) == 0
+
+
+@pytest.mark.parametrize("content, match", [(b"\xff" * 8 + b" " * 64, "header length"),
+                                            (b"\x05\0\0\0\0\0\0\0{not" + b" " * 64, "not JSON"),
+                                            (b"\x11\0\0\0\0\0\0\0" + b'{"a":{"shape":3}}', "shape"),
+                                            (b"\x01\0", "truncated")])
+def test_a_malformed_safetensors_header_is_an_error_naming_the_file(tmp_path, content, match):
+    # an absurd length is refused before anything of that size is read
+    f = tmp_path / "bad.safetensors"
+    f.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"bad\.safetensors.*{match}"):
+        resources.parameter_count([f])
+
+
+def test_model_job_features_follow_the_config(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from oattn_lib.config import complete_model
+
+    model_dir = tmp_path / "hf"
+    model_dir.mkdir()
+    save_file({"w": torch.zeros(1000, 250)}, str(model_dir / "model.safetensors"))
+    (model_dir / "config.json").write_text('{"num_hidden_layers": 4, "num_attention_heads": 3, "vocab_size": 500}')
+    m = complete_model({"name": "lm", "kind": "hf", "path": str(model_dir),
+                        "extract": {"max_length": 100, "n_samples": 1}, "prune": {"held_out": {"hf_windows": 2}}})
+    f = resources.model_job_features("extract", m, tmp_path / "results-model")
+    # 250,000 float32 parameters; one layer's 3 heads x 100^2 of 4 layers
+    assert f == pytest.approx({"weights_mb": 1.0, "attention_mb": 0.12, "logits_mb": 0.0, "network_mb": 0.48})
+    half = resources.model_job_features("extract", {**m, "extract": {**m["extract"], "compute_dtype": "bfloat16"}},
+                                        tmp_path / "results-model")
+    assert half["weights_mb"] == pytest.approx(0.5)
+    p = resources.model_job_features("prune", m, tmp_path / "results-model", m["prune"])
+    # the gradient pass holds every layer's attention; 2 windows x 100 tokens x 500 logits
+    assert p == pytest.approx({"weights_mb": 1.0, "attention_mb": 0.48, "logits_mb": 0.4, "network_mb": 0.48})
+    assert resources.model_job_memory_mb("prune", p) > resources.model_job_memory_mb("extract", f)
+    # twice the tokens: four times the attention; the budget caps the logits
+    long = {**m, "extract": {**m["extract"], "max_length": 200}}
+    assert resources.model_job_features("extract", long, tmp_path)["attention_mb"] == pytest.approx(0.48)
+    huge = {**m, "prune": {"held_out": {"hf_windows": 10**6}}}
+    assert resources.model_job_features("prune", huge, tmp_path, huge["prune"])["logits_mb"] == resources.EVAL_BUDGET_MB
+    # a hub id: nothing to read before the job, so the profile's default
+    assert resources.model_job_features("extract", {**m, "path": "someone/some-model"}, tmp_path) is None
+
+
+def test_prune_passes_count_rankings_mask_sizes_and_windows():
+    # 5 rankings + 3 random orders, masks 0-100% in steps of 0.2, 4 held-out windows
+    assert resources.prune_passes({"fraction_step": 0.2, "random_seeds": 3, "held_out": {"hf_windows": 4}}) == 192
+    assert resources.prune_passes({"fraction_step": 0.1, "random_seeds": 5, "held_out": {"hf_windows": 1}}) == 110
+    first = resources.model_job_runtime_minutes("prune", {"network_mb": 1132.0}, 192)
+    assert resources.model_job_runtime_minutes("prune", {"network_mb": 1132.0}, 192, attempt=2) > first
+    with pytest.raises(ValueError, match="no resource model"):
+        resources.model_job_memory_mb("train", {"weights_mb": 1.0, "attention_mb": 0, "logits_mb": 0})

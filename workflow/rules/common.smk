@@ -230,16 +230,51 @@ def _gpu_resources():
 
 
 GPU_RESOURCES = _gpu_resources()
+
+
+def model_job_resources(stage):
+    """`mem_mb` and `runtime` of the jobs that hold a model (extract, prune): oattn_lib.resources'
+    model of the weights, attention and logits they hold, `GROWTH` times more on each retry; the
+    profile's `resources.gpu_mem_mb` / `gpu_runtime` where these cannot be known before the job (a
+    hub id, samples of unknown length). A GPU each when `resources.gpu` asks for one. The callables
+    take `input` so that Snakemake evaluates them when the job runs, its model files written."""
+    gpu = {k: v for k, v in GPU_RESOURCES.items() if k not in ("mem_mb", "runtime")}
+
+    def features(wildcards, input):
+        m = ANALYSED[wildcards.model]
+        return oattn_resources.model_job_features(stage, m, f"{R}/{wildcards.model}/model", PRUNE.get(wildcards.model))
+
+    def mem_mb(wildcards, input, attempt):
+        f = features(wildcards, input)
+        if f is None:
+            return int(GPU_RESOURCES["mem_mb"] * oattn_resources.GROWTH ** (attempt - 1))
+        return oattn_resources.model_job_memory_mb(stage, f, attempt)
+
+    def runtime(wildcards, input, attempt):
+        f = features(wildcards, input)
+        if f is None:
+            return int(GPU_RESOURCES["runtime"] * oattn_resources.GROWTH ** (attempt - 1))
+        if stage == "prune":
+            work = oattn_resources.prune_passes(PRUNE[wildcards.model])
+        else:
+            work = 1 if "sample" in wildcards.keys() else len(samples(wildcards.model))
+        return oattn_resources.model_job_runtime_minutes(stage, f, work, attempt)
+
+    return {"mem_mb": mem_mb, "runtime": runtime, **gpu}
+
+
 # organize and decompose: a GPU each when asked for (resources.analysis_gpu), for the engine
 ANALYSIS_GPU = {"gpu": config["resources"]["analysis_gpu"]} if config["resources"]["analysis_gpu"] > 0 else {}
 
 
 def analysis_work(stage, wildcards):
     """Samples a job of `stage` analyses one after another: every sample of the model for a job of
-    all of them (entropy, explorer, a batch job), one for a per-sample job; stability: its samples
-    times its replicates."""
+    all of them (entropy, explorer, a batch job), one for a per-sample job, its part's for an
+    explorer_samples job; stability: its samples times its replicates."""
     if "sample" in wildcards.keys():
         return 1
+    if "part" in wildcards.keys():
+        return len(explorer_part_samples(wildcards.model)[int(wildcards.part)])
     if stage == "stability":
         from oattn_lib.stability import replicate_plan
 

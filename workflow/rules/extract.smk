@@ -25,7 +25,7 @@ rule extract:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
-        **GPU_RESOURCES,
+        **model_job_resources("extract"),
     params:
         model=extraction_params,
         device=config["device"],
@@ -57,7 +57,7 @@ for _k in BATCH_SIZES:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
-            **GPU_RESOURCES,
+            **model_job_resources("extract"),
         params:
             model=extraction_params,
             device=config["device"],

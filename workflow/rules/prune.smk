@@ -37,7 +37,7 @@ rule prune:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
-        **GPU_RESOURCES,
+        **model_job_resources("prune"),
     params:
         model=prune_model_params,
         prune=lambda wildcards: {k: v for k, v in PRUNE[wildcards.model].items() if k != "enabled"},

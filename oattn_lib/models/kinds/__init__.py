@@ -8,7 +8,9 @@ adapter, and never test the kind themselves. A new kind is one module here, subc
 The protocol, in the order a model goes through the workflow:
 
 - `name`: the config's `kind`. Capability flags: `trains` (the workflow builds and trains
-  it: rule `train`, a checkpoint its extract and prune jobs read, `metrics.json`), `prunes`
+  it: rule `train`, a checkpoint its extract and prune jobs read, `metrics.json`),
+  `extracts_with_weights` (its extraction runs a model whose weights the job holds; false for
+  attention read from files), `prunes`
   (its heads can be gated: the ablation study of `stages.prune`), `image_patches` (its tokens
   are image patches, -1 the class token), `origin` (the summary's line on where a model
   without training metrics comes from), `typical_quantity` (the attention quantity a model

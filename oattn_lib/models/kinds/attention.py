@@ -45,6 +45,7 @@ def attention_hash(files) -> str:
 
 class Attention(ModelKind):
     name = "attention"
+    extracts_with_weights = False
     origin = "Attention read from files: no model here."
     typical_quantity = "probs"
 

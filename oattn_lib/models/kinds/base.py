@@ -83,6 +83,7 @@ class ModelKind(ABC):
 
     name: ClassVar[str]
     trains: ClassVar[bool] = False
+    extracts_with_weights: ClassVar[bool] = True
     prunes: ClassVar[bool] = False
     image_patches: ClassVar[bool] = False
     typical_quantity: ClassVar[str] = "probs"
