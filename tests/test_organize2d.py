@@ -4,6 +4,7 @@ the figure heads' taken from the decompose stage, the others computed once (docs
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -125,3 +126,72 @@ def test_a_count_that_differs_names_the_stage_and_every_count(tmp_path):
     with pytest.raises(ValueError, match=r"decompose: 1 attention stores, 1 organized stores and 2 outputs"):
         dec(["a"], ["b"], ["o", "p"], "probs", figure_heads=FIG, questionnaire2d_iters=1, random_tree_seeds=1)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("max_side", [8, 64])
+def test_a_page_from_per_sample_jobs_is_the_page_made_in_one_process(run, tmp_path, max_side):
+    """A model of one job per sample: its page planned (explorer_plan), its samples encoded by jobs
+    of their own (explorer_samples, one sample each here), assembled by the page job; the same data
+    as the page made in one process, at the level of detail (max_side 8 < 24 tokens) and at full
+    resolution."""
+    from oattn_lib.explorer.build import model_payload
+    from oattn_lib.stages.explorer import explorer
+    from oattn_lib.stages.explorer_samples import explorer_parts, explorer_plan, explorer_samples
+
+    common = dict(quantity="probs", figure_heads=FIG, heads_2d=4, questionnaire2d_iters=3, max_side=max_side)
+    t1, t2 = tmp_path / "table1.csv", tmp_path / "table2.csv"
+    t1.write_text("layer,head,top\n0,1,2\n")
+    t2.write_text("sample,network_entropy\n0,1.5\n1,1.25\n")
+    whole = model_payload("toy", "txl", run["att"], run["org"], run["dec"], run["root"] / "ent.zarr", [],
+                          organized2d_stores=run["o2d"], data_bytes=10**7, **common)
+    plan_json = tmp_path / "plan.json"
+    pp = explorer_plan("toy", run["att"], run["org"][0], run["dec"][0], run["root"] / "ent.zarr", run["o2d"][0],
+                       plan_json, data_mb=10.0, **common)
+    parts = explorer_parts(2, 10)
+    assert parts == [[0], [1]]
+    files = [tmp_path / f"part{k}.json.gz" for k in range(2)]
+    # the parts in reverse order: each job reads only its own samples' stores and the plan
+    for k in (1, 0):
+        pick = lambda key: [run[key][i] for i in parts[k]]  # noqa: E731
+        explorer_samples("toy", parts[k], plan_json, pick("att"), pick("org"), pick("dec"), pick("o2d"), files[k],
+                         quantity="probs")
+    assert pp["plan"]["full_mode"] == (max_side >= 24)
+    pages = {}
+    for name, kw in (("jobs", {"page_plan": plan_json, "page_samples": files}),
+                     ("stores", {"organized2d_stores": run["o2d"]})):
+        out = tmp_path / f"{name}.html"
+        explorer("toy", "txl", run["att"] if name == "stores" else [], run["org"] if name == "stores" else [],
+                 run["dec"] if name == "stores" else [], run["root"] / "ent.zarr", t1, t2, out,
+                 data_mb=10.0, **common, **kw)
+        pages[name] = out.read_text()
+    from oattn_lib.explorer.page import read_meta
+
+    metas = {k: read_meta(tmp_path / f"{k}.html") for k in pages}
+    for m in metas.values():
+        m.pop("build_seconds")
+    assert metas["jobs"] == metas["stores"]
+    assert metas["jobs"]["units_2d"] == whole["meta"]["units_2d"]
+    # the same page but for the build times it states
+    strip = lambda t: re.sub(r"(?i)built in [\d.]+ s \([\d.]+ s", "", re.sub(r'"build_seconds":\{[^}]*\}', "", t))  # noqa: E731
+    assert strip(pages["jobs"]) == strip(pages["stores"])
+    # the page job refuses a plan made for other settings, and a file that is not an encoded sample
+    with pytest.raises(ValueError, match=r"plan\.json: planned for heads_2d=4.*stale"):
+        explorer("toy", "txl", [], [], [], run["root"] / "ent.zarr", t1, t2, tmp_path / "x.html",
+                 data_mb=10.0, page_plan=plan_json, page_samples=files, **{**common, "heads_2d": 3})
+    files[1].write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"part1\.json\.gz: not a part of an explorer page"):
+        explorer("toy", "txl", [], [], [], run["root"] / "ent.zarr", t1, t2, tmp_path / "x.html",
+                 data_mb=10.0, page_plan=plan_json, page_samples=files, **common)
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_explorer_parts_are_consecutive_samples_in_at_most_the_jobs_asked():
+    from oattn_lib.stages.explorer_samples import explorer_parts
+
+    assert explorer_parts(10, 10) == [[i] for i in range(10)]
+    assert explorer_parts(10, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert explorer_parts(3, 10) == [[0], [1], [2]]
+    big = explorer_parts(10_000, 10)
+    assert len(big) == 10 and sum(big, []) == list(range(10_000))
+    with pytest.raises(ValueError, match="max_jobs"):
+        explorer_parts(5, 0)

@@ -22,10 +22,11 @@ from wfutil import REPO, TINY, by_stage, planned_jobs, reordered
 pytestmark = pytest.mark.workflow
 
 # txl and vit (tiny) analyse both samples in one job per stage (organize_2_samples, ...), lm one
-# job per sample (jobs.batch_max_entries in the test config)
+# job per sample (jobs.batch_max_entries in the test config), and its page is planned and its
+# samples encoded by jobs of their own (explorer_plan, explorer_samples)
 ANALYSIS_AFTER_ORGANIZE = {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2,
                            "entropy": 3, "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3,
-                           "figures": 3, "prune": 3, "explorer": 3,
+                           "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2, "explorer": 3,
                            "explorer_index": 1, "summary": 1, "all": 1}
 
 

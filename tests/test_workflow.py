@@ -134,8 +134,10 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     cfg["entropy"]["head_top_k"] = 9
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     # stability: the replicates' entropies (txl and lm have a stability section)
+    # lm (one job per sample): its page planned again and its 2 samples encoded again, one job each
     assert jobs == {"entropy": 3, "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3,
-                    "figures": 3, "prune": 3, "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
+                    "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2, "explorer": 3,
+                    "explorer_index": 1, "summary": 1, "all": 1}
 
 
 def test_changing_the_questionnaire_reruns_organize_and_after(run):
@@ -145,7 +147,8 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     # txl and vit: one job for both samples; lm: one per sample
     assert jobs == {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2, "entropy": 3,
                     "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3, "figures": 3, "prune": 3,
-                    "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
+                    "explorer_plan": 1, "explorer_samples": 2, "explorer": 3, "explorer_index": 1, "summary": 1,
+                    "all": 1}
 
 
 def test_changing_a_stability_section_reruns_that_models_stability_and_what_reads_it(run):
@@ -165,7 +168,9 @@ def test_one_job_per_sample_again_reruns_the_per_sample_stages_only(run):
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     assert {r: jobs.get(r) for r in ("extract", "organize", "decompose", "entropy")} == {
         "extract": 4, "organize": 4, "decompose": 4, "entropy": 2}
-    assert not any(r.endswith("_samples") for r in jobs) and "train" not in jobs
+    assert not any(re.search(r"_\d+_samples$", r) for r in jobs) and "train" not in jobs
+    # their pages now planned and encoded by jobs of their own (2 samples, 2 jobs each)
+    assert (jobs.get("explorer_plan"), jobs.get("explorer_samples")) == (2, 4)
 
 
 def test_unchanged_config_plans_nothing(run):

@@ -45,10 +45,12 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
 
 def by_stage(jobs: dict[str, int]) -> dict[str, int]:
     """Planned jobs per stage: a model's one job for all its samples (rule `<stage>_<k>_samples`,
-    config jobs.batch_max_entries) counts for its stage, as each per-sample job does."""
+    config jobs.batch_max_entries) counts for its stage, as each per-sample job does; the
+    explorer's plan and sample jobs (explorer_plan, explorer_samples) count for the explorer."""
     out: dict[str, int] = {}
     for rule, n in jobs.items():
         stage = re.sub(r"_\d+_samples$", "", rule)
+        stage = "explorer" if stage in ("explorer_plan", "explorer_samples") else stage
         out[stage] = out.get(stage, 0) + n
     return out
 

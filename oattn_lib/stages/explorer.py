@@ -5,8 +5,9 @@ import logging
 import os
 
 from .. import store
-from ..explorer import model_payload, read_meta, render_index, render_page
-from ..explorer.build import table_payload
+from ..explorer.build import assemble_payload, model_payload, table_payload
+from ..explorer.page import read_meta, render_index, render_page
+from .explorer_samples import read_page_plan, read_page_samples
 
 log = logging.getLogger("oattn")
 
@@ -17,7 +18,7 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
              entropy_store, table1_csv, table2_csv, out, *, quantity: str, crop=None, figure_heads,
              questionnaire2d_iters: int, heads_2d: int, max_side: int, data_mb: float,
              table3_csv=None, table4_csv=None, rankings_csv=None, stability_store=None, stability_csv=None,
-             organized2d_stores: list | None = None) -> None:
+             organized2d_stores: list | None = None, page_plan=None, page_samples: list | None = None) -> None:
     """Write `out`, the explorer page of one model: its samples, head grid, diffusion map of heads,
     the four views of the selected head and Tables 1-2 (3-4 where the prune stage ran; with the
     stability stage's store and table, each head's entropy range over the replicates and the
@@ -25,7 +26,9 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
 
     data_mb bounds the embedded data (before compression); plotly.js comes on top. The heads
     shown in 2-D have their organizations read from `organized2d_stores` (the organize2d stage's,
-    one per sample), or made here where none are given (a notebook)."""
+    one per sample), or made here where none are given (a notebook). With `page_plan` and
+    `page_samples` (the files of stages.explorer_samples, for a model of one job per sample, in
+    sample order) the samples come encoded already and the stores are not read."""
     tables = [table_payload("Table 1: most frequent top and bottom heads by Haar entropy", table1_csv, "head",
                             "Click a row to select its head."),
               table_payload("Table 2: network entropy and sparsity per sample", table2_csv, "sample",
@@ -42,11 +45,21 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
                                     "spread: |replicate - reference| / |reference|, median and max over heads, "
                                     "samples and replicates; agreement: Jaccard of the head sets, or the fraction "
                                     "of replicates that kept a tree."))
-    payload = model_payload(model, kind, attention_stores, organized_stores, decomposed_stores, entropy_store,
-                            tables, rankings_csv, quantity=quantity, crop=crop, figure_heads=figure_heads,
-                            heads_2d=heads_2d, questionnaire2d_iters=questionnaire2d_iters, max_side=max_side,
-                            data_bytes=int(data_mb * 1e6), stability_store=stability_store,
-                            organized2d_stores=organized2d_stores)
+    if page_plan is not None:
+        pp = read_page_plan(page_plan)
+        if pp["heads_2d"] != heads_2d or pp["questionnaire2d_iters"] != questionnaire2d_iters:
+            raise ValueError(f"{page_plan}: planned for heads_2d={pp['heads_2d']}, questionnaire2d_iters="
+                             f"{pp['questionnaire2d_iters']}; the page is asked for {heads_2d}, "
+                             f"{questionnaire2d_iters}: the plan is stale, delete it")
+        payload = assemble_payload(model, kind, pp, [r for f in page_samples or [] for r in read_page_samples(f)], entropy_store,
+                                   tables, rankings_csv, quantity=quantity, crop=crop,
+                                   stability_store=stability_store)
+    else:
+        payload = model_payload(model, kind, attention_stores, organized_stores, decomposed_stores, entropy_store,
+                                tables, rankings_csv, quantity=quantity, crop=crop, figure_heads=figure_heads,
+                                heads_2d=heads_2d, questionnaire2d_iters=questionnaire2d_iters, max_side=max_side,
+                                data_bytes=int(data_mb * 1e6), stability_store=stability_store,
+                                organized2d_stores=organized2d_stores)
     store.atomic_write_text(out, render_page(payload))
     size = os.path.getsize(out) / 1e6
     log.info("explorer %s: %s, %.2f MB (%s)", model, out, size,

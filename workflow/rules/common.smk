@@ -419,12 +419,54 @@ def summary_inputs(wildcards):
 
 
 # -- explorer ------------------------------------------------------------------------------
+# a model of one job per sample: its page planned (explorer_plan), then its samples encoded by at
+# most jobs.explorer_jobs jobs (explorer_samples, consecutive samples each), which the page job
+# assembles (explorer.smk)
+EXPLORER_PLAN = f"{R}/{{model}}/explorer/plan.json"
+EXPLORER_PART = f"{R}/{{model}}/explorer/part{{part}}.json.gz"
+EXPLORER_PER_SAMPLE = name_pattern([n for n in MODELS if n not in BATCHED])
+
+
+def explorer_part_samples(model):
+    """The samples of each explorer_samples job of a model."""
+    from oattn_lib.stages.explorer_samples import explorer_parts
+
+    return explorer_parts(len(samples(model)), config["jobs"]["explorer_jobs"])
+
+
+def explorer_part_inputs(wildcards):
+    """The plan and the stores of the samples of one explorer_samples job."""
+    wanted = explorer_part_samples(wildcards.model)[int(wildcards.part)]
+
+    def fill(pattern):
+        return [pattern.format(model=wildcards.model, sample=i) for i in wanted]
+
+    return {
+        "plan": EXPLORER_PLAN.format(model=wildcards.model),
+        "attention": fill(ATTENTION),
+        "organized": fill(ORGANIZED),
+        "decomposed": fill(DECOMPOSED),
+        "organized2d": fill(ORGANIZED_2D),
+    }
+
+
 def explorer_inputs(wildcards):
-    inputs = {
-        "attention": attention_stores(wildcards),
-        "organized": organized_stores(wildcards),
-        "decomposed": decomposed_stores(wildcards),
-        "organized2d": organized2d_stores(wildcards),
+    if wildcards.model in BATCHED:
+        inputs = {
+            "attention": attention_stores(wildcards),
+            "organized": organized_stores(wildcards),
+            "decomposed": decomposed_stores(wildcards),
+            "organized2d": organized2d_stores(wildcards),
+        }
+    else:
+        inputs = {
+            "plan": EXPLORER_PLAN.format(model=wildcards.model),
+            "samples": [
+                EXPLORER_PART.format(model=wildcards.model, part=k)
+                for k in range(len(explorer_part_samples(wildcards.model)))
+            ],
+        }
+    inputs |= {
         "entropy": ENTROPY.format(model=wildcards.model),
         "table1": f"{R}/{wildcards.model}/tables/table1.csv",
         "table2": f"{R}/{wildcards.model}/tables/table2.csv",

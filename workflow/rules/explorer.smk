@@ -1,6 +1,66 @@
 # The interactive explorer: one self-contained HTML page per model (plotly.js inline,
 # opens from disk with no network) and an index page linking them. Reads every stage's outputs,
-# the 2-D organizations of the heads it shows in 2-D included (organize2d.smk).
+# the 2-D organizations of the heads it shows in 2-D included (organize2d.smk). A model of one job
+# per sample gets its page planned (explorer_plan: what it shows, at which resolution, measured on
+# sample 0) and its samples encoded by up to jobs.explorer_jobs jobs (explorer_samples), beside the
+# rest of the run (an LLM's prune); its page job then only assembles them. A small model's page
+# job does all of it (common.smk, explorer_inputs).
+
+
+rule explorer_plan:
+    input:
+        attention=attention_stores,
+        organized=lambda w: ORGANIZED.format(model=w.model, sample=0),
+        decomposed=lambda w: DECOMPOSED.format(model=w.model, sample=0),
+        organized2d=lambda w: ORGANIZED_2D.format(model=w.model, sample=0),
+        entropy=ENTROPY,
+    output:
+        plan=EXPLORER_PLAN,
+    log:
+        f"{R}/logs/{{model}}/explorer_plan.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/explorer_plan.tsv"
+    wildcard_constraints:
+        model=EXPLORER_PER_SAMPLE,
+    priority: PRIORITY["chain"]
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
+    resources:
+        **analysis_resources("explorer"),
+    params:
+        analysis=analysis_params,
+        decompose={k: config["decompose"][k] for k in ("figure_heads", "questionnaire2d_iters")},
+        explorer=config["explorer"],
+        code=code_version("explorer_plan"),
+    script:
+        "../../scripts/explorer_plan.py"
+
+
+rule explorer_samples:
+    input:
+        unpack(explorer_part_inputs),
+    output:
+        part=EXPLORER_PART,
+    log:
+        f"{R}/logs/{{model}}/explorer_samples_part{{part}}.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/explorer_samples_part{{part}}.tsv"
+    wildcard_constraints:
+        model=EXPLORER_PER_SAMPLE,
+        part=r"\d+",
+    priority: PRIORITY["chain"]
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
+    resources:
+        **analysis_resources("explorer"),
+    params:
+        analysis=analysis_params,
+        indices=lambda w: explorer_part_samples(w.model)[int(w.part)],
+        code=code_version("explorer_samples"),
+    script:
+        "../../scripts/explorer_samples.py"
 
 
 rule explorer:
