@@ -38,7 +38,8 @@ __all__ = ["Plan", "plan", "encode_sample", "encoded_bytes", "full_head_bytes", 
            "mask_rules", "allowed_of_rule", "SIDES"]
 
 SIDES = (128, 96, 64, 48, 32, 24, 16, 12, 8)
-_CHUNK = 16  # heads averaged at a time: bounds the memory of a level of detail of long sequences
+_CHUNK = 16  # heads averaged at a time, at most: bounds the memory of a level of detail of long sequences
+_CHUNK_BYTES = 256 << 20  # and at most this many bytes of one float64 copy of them (2 heads at 4096 tokens)
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,9 @@ def round_values(a, digits: int = 5):
 def _chunked_means(x: np.ndarray, rows, cols, row_order=None, col_order=None, allowed=None, n_head: int = 1):
     """Block means of every head of x (unit, n, m), optionally permuted first, a few heads at a time;
     `allowed` (layer, n, m): the mask of unit u's layer u // n_head (None: nothing masked)."""
-    for a in range(0, x.shape[0], _CHUNK):
-        c = x[a:a + _CHUNK]
+    step = max(1, min(_CHUNK, _CHUNK_BYTES // (8 * x.shape[1] * x.shape[2])))
+    for a in range(0, x.shape[0], step):
+        c = x[a:a + step]
         ok = None if allowed is None else allowed[np.arange(a, a + c.shape[0]) // n_head]
         if row_order is not None:
             c = c[:, row_order][:, :, col_order]
