@@ -31,12 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oattn_lib.resources import (MODEL_JOBS, MODELS, largest_array_mb, memory_mb,  # noqa: E402
+from oattn_lib.resources import (MODEL_JOBS, MODELS, largest_array_mb, largest_head_mb, memory_mb,  # noqa: E402
                                  model_job_features, model_job_memory_mb, model_job_runtime_minutes,
                                  prune_passes, runtime_minutes)
 
 _FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+))?\.tsv$")
-COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds"]
+COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds", "head_mb"]
 MODEL_JOB_COLUMNS = ["source", "model", "rule", "sample", "weights_mb", "attention_mb", "logits_mb", "network_mb",
                      "work", "max_rss_mb", "seconds"]
 
@@ -59,17 +59,24 @@ def measured(results: Path, source: str) -> list[dict]:
     rows = []
     for path in sorted((results / "benchmarks").glob("*/*.tsv")):
         m = _FILE.match(path.name)
-        if not m or m["rule"] not in MODELS:
+        # a model of one job per sample: its page's plan (sample 0) and sample jobs (one sample
+        # each, jobs.explorer_jobs at least the samples) ask what the explorer's model says
+        rule = "explorer" if m and m["rule"] in ("explorer_plan", "explorer_samples") else m and m["rule"]
+        if rule not in MODELS:
             continue
         model, base = path.parent.name, results / path.parent.name
-        samples = [int(m["sample"])] if m["sample"] is not None else _samples(base)
+        samples = [0] if m["rule"] == "explorer_plan" else (
+            [int(m["sample"])] if m["sample"] is not None else _samples(base))
         stores = [base / d / f"sample{k}.zarr" for k in samples for d in ("attention", "organized", "decomposed")]
+        if m["rule"] == "explorer" and (base / "explorer" / "plan.json").is_file():
+            stores = []  # its page job assembles the encoded samples: it reads no store
         with path.open() as fh:
             rec = list(csv.DictReader(fh, delimiter="\t"))[-1]
-        rows.append({"source": source, "model": model, "rule": m["rule"],
-                     "sample": m["sample"] if m["sample"] is not None else "all",
-                     "tensor_mb": round(largest_array_mb(stores), 3), "work": _work(m["rule"], base, samples),
-                     "max_rss_mb": float(rec["max_rss"]), "seconds": float(rec["s"])})
+        rows.append({"source": source, "model": model, "rule": rule,
+                     "sample": "all" if len(samples) > 1 else str(samples[0]),
+                     "tensor_mb": round(largest_array_mb(stores), 3), "work": _work(rule, base, samples),
+                     "max_rss_mb": float(rec["max_rss"]), "seconds": float(rec["s"]),
+                     "head_mb": round(largest_head_mb(stores), 3)})
     return rows
 
 
@@ -152,10 +159,10 @@ def main():
     print(f"{'model':10s} {'rule':10s} {'sample':>6s} {'tensor MB':>10s} {'work':>5s} {'peak MB':>8s} "
           f"{'asks MB':>8s} {'ratio':>6s} {'wall s':>7s} {'asks min':>8s}")
     for r in rows:
-        ask = memory_mb(r["rule"], r["tensor_mb"])
+        ask = memory_mb(r["rule"], r["tensor_mb"], head_mb=r["head_mb"])
         print(f"{r['model']:10s} {r['rule']:10s} {r['sample']:>6s} {r['tensor_mb']:10.1f} {r['work']:5d} "
               f"{r['max_rss_mb']:8.0f} {ask:8d} {ask / r['max_rss_mb']:6.2f} {r['seconds']:7.1f} "
-              f"{runtime_minutes(r['rule'], r['tensor_mb'], r['work']):8d}")
+              f"{runtime_minutes(r['rule'], r['tensor_mb'], r['work'], head_mb=r['head_mb']):8d}")
     _append(args.csv, rows, COLUMNS)
 
 

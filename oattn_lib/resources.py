@@ -5,9 +5,12 @@ which read one sample at a time) holds a few copies of one sample's network tens
 x stored heads, float32 in memory whatever the store keeps) beside the interpreter and its
 libraries. Its peak resident memory is modelled as `base + factor x` the tensor's size, the size
 read from the job's input stores (their largest array, counted as float32; the headers only,
-nothing is loaded). The two numbers of each rule are fitted to peaks measured by Snakemake's
-benchmarks (`bench/resources.py` lists them, `bench/resources.csv` records them): the default run
-(64-128 tokens, where the base is most of it) and SmolLM2 at 1024 tokens (where the factor is).
+nothing is loaded), plus, for organize and figures, one head's tokens x tokens as float64 (their
+affinities, the temperature figure's paraproduct: what grows with the length whatever the
+number of heads, `largest_head_mb`). The numbers of each rule are fitted to peaks measured by
+Snakemake's benchmarks (`bench/resources.py` lists them, `bench/resources.csv` records them): the default run
+(64-128 tokens, where the base is most of it), SmolLM2 at 1024 tokens (where the factor is) and
+3 of its layers at 1024, 2048 and 4096 tokens (where the head term is).
 The entropy job reads only the coarsest coefficients and the level sums of each sample
 (docs/method.md §6.6), so its memory is the base alone. The model is held to within 1.5 times
 every recorded peak and never below it
@@ -37,7 +40,8 @@ import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "memory_mb",
+__all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "largest_head_mb",
+           "memory_mb",
            "runtime_minutes", "ModelJob", "MODEL_JOBS", "EVAL_BUDGET_MB", "parameter_count", "model_job_features",
            "model_job_memory_mb", "model_job_runtime_minutes", "prune_passes", "model_files"]
 
@@ -51,25 +55,33 @@ MIN_RUNTIME = 10
 
 @dataclass(frozen=True)
 class JobModel:
-    """Peak memory (MB) = base_mb + mb_per_mb x tensor MB; wall time (s, one thread) = base_s +
-    s_per_mb x tensor MB (per sample for the rules that loop over samples)."""
+    """Peak memory (MB) = base_mb + mb_per_mb x tensor MB + per_head x head MB (one head's tokens x
+    tokens as float64: what grows with the length whatever the number of heads); wall time (s, one
+    thread) = base_s + (s_per_mb + s_per_mb_token x tokens / 1024) x tensor MB (per sample for the
+    rules that loop over samples; tokens from the head's size): the questionnaire's pairwise
+    distances grow as tokens^3 x heads, one more power of the length than the tensor."""
 
     base_mb: float
     mb_per_mb: float
     base_s: float
     s_per_mb: float
     per_sample_time: bool = False
+    per_head: float = 0.0
+    s_per_mb_token: float = 0.0
 
 
 # Fitted to bench/resources.csv (see the module's docstring); a rule not listed here keeps the
 # profile's default resources.
 MODELS = {
-    "organize": JobModel(950.0, 1.9, 30.0, 0.3, per_sample_time=True),
-    "decompose": JobModel(950.0, 3.8, 30.0, 0.2, per_sample_time=True),
+    # organize: its affinities and their eigenvectors (tokens x tokens, float64) beside the tensor
+    "organize": JobModel(950.0, 1.9, 30.0, 0.05, per_sample_time=True, per_head=3.0, s_per_mb_token=0.25),
+    "decompose": JobModel(950.0, 3.8, 30.0, 0.05, per_sample_time=True, s_per_mb_token=0.13),
     "entropy": JobModel(180.0, 0.0, 20.0, 0.03, per_sample_time=True),
     "organize2d": JobModel(950.0, 0.6, 30.0, 0.25, per_sample_time=True),
     "stability": JobModel(1000.0, 3.8, 60.0, 0.6, per_sample_time=True),
-    "figures": JobModel(950.0, 1.8, 30.0, 0.4),
+    # figures: the temperature figure's paraproduct holds its block means of every pair of levels
+    # and a few temporaries of one head (float64), whatever the number of heads
+    "figures": JobModel(950.0, 1.8, 30.0, 0.4, per_head=35.0),
     # also the explorer_plan and explorer_sample jobs of a model of one job per sample: each holds
     # what the page job holds of one sample (it reads and encodes it)
     "explorer": JobModel(950.0, 3.5, 30.0, 0.25, per_sample_time=True),
@@ -107,6 +119,32 @@ def largest_array_mb(paths) -> float:
     return best * 4 / 1e6
 
 
+def largest_head_mb(paths) -> float:
+    """One head of the zarr stores `paths` as float64, in MB: the largest query x key of their
+    arrays (those whose last two dimensions are named query and key: the attention store's),
+    read from the arrays' headers; 0 where none exists yet."""
+    best = 0
+    for p in paths:
+        root = _store_dir(str(p))
+        if not os.path.isfile(os.path.join(root, "zarr.json")):
+            continue
+        for name in os.listdir(root):
+            meta = os.path.join(root, name, "zarr.json")
+            if not os.path.isfile(meta):
+                continue
+            try:
+                with open(meta, encoding="utf-8") as fh:
+                    header = json.load(fh)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"{meta}: not a zarr array header ({exc})") from None
+            shape = header.get("shape") or [] if header.get("node_type") == "array" else []
+            if list(header.get("dimension_names") or [])[-2:] != ["query", "key"]:
+                continue
+            if len(shape) >= 2 and all(isinstance(n, int) and n >= 0 for n in shape):
+                best = max(best, shape[-1] * shape[-2])
+    return best * 8 / 1e6
+
+
 def _model(rule: str) -> JobModel:
     try:
         return MODELS[rule]
@@ -114,17 +152,20 @@ def _model(rule: str) -> JobModel:
         raise ValueError(f"rule {rule!r}: no resource model; modelled: {sorted(MODELS)}") from None
 
 
-def memory_mb(rule: str, tensor_mb: float, attempt: int = 1) -> int:
-    """The memory (MB) a job of `rule` asks for, one sample's tensor of `tensor_mb` at a time."""
+def memory_mb(rule: str, tensor_mb: float, attempt: int = 1, head_mb: float = 0.0) -> int:
+    """The memory (MB) a job of `rule` asks for, one sample's tensor of `tensor_mb` at a time, one
+    head of `head_mb` (`largest_head_mb`)."""
     m = _model(rule)
-    return int(math.ceil((m.base_mb + m.mb_per_mb * tensor_mb) * GROWTH ** (attempt - 1)))
+    return int(math.ceil((m.base_mb + m.mb_per_mb * tensor_mb + m.per_head * head_mb) * GROWTH ** (attempt - 1)))
 
 
-def runtime_minutes(rule: str, tensor_mb: float, n_samples: int = 1, attempt: int = 1) -> int:
+def runtime_minutes(rule: str, tensor_mb: float, n_samples: int = 1, attempt: int = 1, head_mb: float = 0.0) -> int:
     """The run time (minutes) a job of `rule` asks for: `n_samples` samples of `tensor_mb` each
-    for the rules that analyse one sample after another."""
+    for the rules that analyse one sample after another, of heads of `head_mb` (`largest_head_mb`)."""
     m = _model(rule)
-    seconds = m.base_s + m.s_per_mb * tensor_mb * (n_samples if m.per_sample_time else 1)
+    tokens = math.sqrt(max(head_mb, 0.0) * 1e6 / 8)
+    per_mb = m.s_per_mb + m.s_per_mb_token * tokens / 1024
+    seconds = m.base_s + per_mb * tensor_mb * (n_samples if m.per_sample_time else 1)
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
 
 

@@ -23,26 +23,30 @@ def test_the_record_covers_every_modelled_stage_at_small_and_llm_sizes():
         rows = MEASURED[MEASURED["rule"] == stage]
         assert rows["tensor_mb"].max() > 1000, f"{stage}: no measurement at 1024 tokens x 270 heads"
         assert rows["tensor_mb"].min() < 20, f"{stage}: no measurement of a small model"
+    # the head term's stages, at 4096 tokens (one head 134 MB as float64)
+    for stage in ("organize", "figures"):
+        assert MEASURED[MEASURED["rule"] == stage]["head_mb"].max() > 100, stage
 
 
 @pytest.mark.parametrize("row", MEASURED.to_dict("records"),
                          ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
 def test_memory_is_never_below_a_measured_peak_and_within_one_and_a_half_of_it(row):
-    ask = resources.memory_mb(row["rule"], row["tensor_mb"])
+    ask = resources.memory_mb(row["rule"], row["tensor_mb"], head_mb=row["head_mb"])
     assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
 
 
 @pytest.mark.parametrize("row", MEASURED.to_dict("records"),
                          ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
 def test_run_time_asks_at_least_the_margin_over_the_measured_time(row):
-    minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]))
+    minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"])
     assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
 def test_a_retry_asks_for_more_each_time():
     first = resources.memory_mb("organize", 1132.0)
     assert resources.memory_mb("organize", 1132.0, attempt=2) == pytest.approx(resources.GROWTH * first, abs=1)
-    assert resources.runtime_minutes("organize", 1132.0, attempt=3) > resources.runtime_minutes("organize", 1132.0)
+    assert (resources.runtime_minutes("organize", 1132.0, attempt=3, head_mb=8.4)
+            > resources.runtime_minutes("organize", 1132.0, head_mb=8.4))
     with pytest.raises(ValueError, match="no resource model"):
         resources.memory_mb("tables", 1.0)
 
@@ -57,6 +61,9 @@ def test_the_tensor_size_is_the_largest_array_of_the_stores_read_from_headers(tm
     assert resources.largest_array_mb([pb]) == pytest.approx(20 * 20 * 6 * 4 / 1e6)
     # inputs not written yet (a dry run) and other files count nothing
     assert resources.largest_array_mb([tmp_path / "missing.zarr", tmp_path]) == 0
+    # one head: the largest query x key, as float64, of the arrays whose last dimensions are those
+    assert resources.largest_head_mb([pa, pb]) == pytest.approx(40 * 30 * 8 / 1e6)
+    assert resources.largest_head_mb([pb]) == 0
     (pa / "probs" / "zarr.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"probs/zarr\.json"):
         resources.largest_array_mb([pa])
@@ -91,8 +98,9 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
             int(p.name[6:-5]) for p in (base / "attention").glob("sample*.zarr"))
         # no store a stage reads holds more entries than the attention tensor
         size = resources.largest_array_mb([base / "attention" / f"sample{k}.zarr" for k in samples])
-        assert size > 0
-        assert int(got["mem_mb"]) == resources.memory_mb(stage, size), (rule, w, got)
+        head = resources.largest_head_mb([base / "attention" / f"sample{k}.zarr" for k in samples])
+        assert size > 0 and head > 0
+        assert int(got["mem_mb"]) == resources.memory_mb(stage, size, head_mb=head), (rule, w, got)
         assert int(got["runtime"]) >= resources.MIN_RUNTIME, (rule, w, got)
         seen.add(stage)
     assert {"organize", "decompose", "entropy", "stability"} <= seen, (seen, text[-3000:])

@@ -289,7 +289,9 @@ def analysis_resources(stage):
     `GROWTH` times more on each retry."""
 
     def mem_mb(wildcards, input, attempt):
-        return oattn_resources.memory_mb(stage, oattn_resources.largest_array_mb(input), attempt)
+        return oattn_resources.memory_mb(
+            stage, oattn_resources.largest_array_mb(input), attempt, oattn_resources.largest_head_mb(input)
+        )
 
     def runtime(wildcards, input, attempt):
         return oattn_resources.runtime_minutes(
@@ -297,6 +299,7 @@ def analysis_resources(stage):
             oattn_resources.largest_array_mb(input),
             analysis_work(stage, wildcards),
             attempt,
+            oattn_resources.largest_head_mb(input),
         )
 
     return {"mem_mb": mem_mb, "runtime": runtime}
