@@ -97,7 +97,7 @@ def test_readme_commands_are_found():
     text = " ".join(c for c, _ in cmds)
     for needle in ("entropy='{head_top_k: 100}'", "organize='{n_iters: 2}'", "softmax_free",
                    "--rerun-triggers mtime params input", "workflow/profiles/slurm", "workflow/presets/llm.yaml",
-                   "workflow/presets/prompts.yaml"):
+                   "workflow/presets/prompts.yaml", "workflow/presets/llm4k.yaml"):
         assert needle in text
     claims = dict(cmds)
     assert claims["snakemake -n"] == set()
@@ -127,6 +127,12 @@ def test_readme_command_runs_and_plans_what_the_readme_says(project, command, cl
         assert planned.get("prepare_model") == 1 and "train" not in planned
         assert planned["extract"] == planned["organize"] == planned["decompose"] == 10
         assert "results/llm/smollm2/attention/sample9.zarr" in out
+    if "workflow/presets/llm4k.yaml" in command:
+        # SmolLM2 at 4096 tokens: 2 samples of 3 layers, no head ablation, the page in jobs of its own
+        assert planned.get("prepare_model") == 1 and "prune" not in planned and "stability" not in planned
+        assert planned["extract"] == planned["organize"] == planned["decompose"] == 2
+        assert planned.get("explorer_plan") == 1 and planned.get("explorer_samples") == 2
+        assert "results/llm4k/smollm2/attention/sample1.zarr" in out
     if "workflow/presets/prompts.yaml" in command:
         # SmolLM2 on the project's prompts: the first 24 are the samples, prune holds out the others
         stages = by_stage(planned)

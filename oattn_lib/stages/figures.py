@@ -141,6 +141,8 @@ def _temperature(model_name, attention_stores, decomposed_stores, outs, n_taus, 
                 rng = np.random.default_rng([seed, s, j])
                 rnd.append(residual_curve(g, taus, rng.permutation(g.shape[0]), rng.permutation(g.shape[1]),
                                           allowed))
+            log.info("temperature: sample %d, head %d.%d: %d curves of %d temperatures at %d x %d tokens, %.1f s in all",
+                     s, layer, head, 2 + n_random, taus.size, g.shape[0], g.shape[1], time.perf_counter() - start)
             for name, cs in (("2-D organized", [org]), ("original", [orig]), ("random", rnd)):
                 curves[name].append(np.stack(cs))
                 rows += [{"sample": s, "layer": layer, "head": head, "order": name,
