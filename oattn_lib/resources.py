@@ -92,11 +92,21 @@ def _store_dir(path: str) -> str:
     return os.path.dirname(path) if os.path.basename(path) == "zarr.json" else path
 
 
-def largest_array_mb(paths) -> float:
-    """The largest array of the zarr stores `paths` (a store's folder or its zarr.json; other
-    paths are skipped), in MB as float32: read from the arrays' headers. 0 where none exists yet
-    (a dry run plans before the inputs are written)."""
-    best = 0
+def _read_json(path: str, what: str):
+    """The JSON object of file `path`; ValueError naming it as not `what` otherwise."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not {what} ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not {what} (not a JSON object)")
+    return value
+
+
+def _array_headers(paths):
+    """(path, header) of every array of the zarr stores `paths` (a store's folder or its zarr.json;
+    other paths and stores not written yet are skipped), each shape checked to be sizes."""
     for p in paths:
         root = _store_dir(str(p))
         if not os.path.isfile(os.path.join(root, "zarr.json")):
@@ -105,44 +115,29 @@ def largest_array_mb(paths) -> float:
             meta = os.path.join(root, name, "zarr.json")
             if not os.path.isfile(meta):
                 continue
-            try:
-                with open(meta, encoding="utf-8") as fh:
-                    header = json.load(fh)
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"{meta}: not a zarr array header ({exc})") from None
+            header = _read_json(meta, "a zarr array header")
             if header.get("node_type") != "array":
                 continue
             shape = header.get("shape") or []
             if not all(isinstance(n, int) and n >= 0 for n in shape):
                 raise ValueError(f"{meta}: shape {shape!r} is not a list of sizes")
-            best = max(best, math.prod(shape))
-    return best * 4 / 1e6
+            yield meta, header
+
+
+def largest_array_mb(paths) -> float:
+    """The largest array of the zarr stores `paths` (a store's folder or its zarr.json; other
+    paths are skipped), in MB as float32: read from the arrays' headers. 0 where none exists yet
+    (a dry run plans before the inputs are written)."""
+    return max((math.prod(h.get("shape") or []) for _, h in _array_headers(paths)), default=0) * 4 / 1e6
 
 
 def largest_head_mb(paths) -> float:
     """One head of the zarr stores `paths` as float64, in MB: the largest query x key of their
     arrays (those whose last two dimensions are named query and key: the attention store's),
     read from the arrays' headers; 0 where none exists yet."""
-    best = 0
-    for p in paths:
-        root = _store_dir(str(p))
-        if not os.path.isfile(os.path.join(root, "zarr.json")):
-            continue
-        for name in os.listdir(root):
-            meta = os.path.join(root, name, "zarr.json")
-            if not os.path.isfile(meta):
-                continue
-            try:
-                with open(meta, encoding="utf-8") as fh:
-                    header = json.load(fh)
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"{meta}: not a zarr array header ({exc})") from None
-            shape = header.get("shape") or [] if header.get("node_type") == "array" else []
-            if list(header.get("dimension_names") or [])[-2:] != ["query", "key"]:
-                continue
-            if len(shape) >= 2 and all(isinstance(n, int) and n >= 0 for n in shape):
-                best = max(best, shape[-1] * shape[-2])
-    return best * 8 / 1e6
+    return max((h["shape"][-1] * h["shape"][-2] for _, h in _array_headers(paths)
+                if len(h.get("shape") or []) >= 2 and list(h.get("dimension_names") or [])[-2:] == ["query", "key"]),
+               default=0) * 8 / 1e6
 
 
 def _model(rule: str) -> JobModel:
@@ -253,11 +248,7 @@ def _vocabulary(paths) -> int:
         f = os.path.join(p, "config.json") if os.path.isdir(p) else p
         if os.path.basename(f) != "config.json" or not os.path.isfile(f):
             continue
-        try:
-            with open(f, encoding="utf-8") as fh:
-                cfg = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{f}: not a JSON model config ({exc})") from None
+        cfg = _read_json(f, "a JSON model config")
         for d in (cfg, cfg.get("text_config") or {}):
             v = d.get("vocab_size") if isinstance(d, dict) else None
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
