@@ -225,16 +225,13 @@ for log in logs:
     jobs[log.stem] = rule
 expected = sorted(p.relative_to(slurm / "logs") for p in (slurm / "logs").rglob("*.log"))
 # the users' profile groups each sample's organize and decompose, up to 10 samples per SLURM
-# job, and its organize2d, up to 10 per job (groups, group-components): every other job is a
-# SLURM job of its own
+# job (groups, group-components): every other job is a SLURM job of its own
 grouped = [p for p in expected if re.fullmatch(r"(organize|decompose)_sample\d+\.log", p.name)]
-grouped2d = [p for p in expected if re.fullmatch(r"organize2d_sample\d+\.log", p.name)]
 samples = sum(1 for p in grouped if p.name.startswith("organize_"))
-want = len(expected) - len(grouped) - len(grouped2d) + -(-samples // 10) + -(-len(grouped2d) // 10)
-if not samples or not grouped2d or len(jobs) != want:
+want = len(expected) - len(grouped) + -(-samples // 10)
+if not samples or len(jobs) != want:
     fail.append(f"{len(jobs)} SLURM jobs for {len(expected)} jobs of the workflow, {len(grouped)} of them in "
-                f"groups of at most 10 samples ({samples} samples) and {len(grouped2d)} organize2d jobs in "
-                f"groups of at most 10: expected {want}")
+                f"groups of at most 10 samples ({samples} samples): expected {want}")
 states = {}  # job id -> (state, TRES); MinJobAge=3600 keeps finished jobs listed
 for line in subprocess.run(["scontrol", "-o", "show", "job"], check=True,
                            capture_output=True, text=True).stdout.splitlines():
