@@ -19,7 +19,7 @@ from .units import resolve_unit
 
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
-           "softmax_free_bases", "stability_samples"]
+           "softmax_free_bases", "stability_samples", "explorer_parts"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -299,6 +299,15 @@ def prune_settings(config: dict, model: dict) -> dict:
     """The head-ablation settings of one model: its own `prune` section when it has one
     (already merged over the top-level one by `validate_config`), else the top-level one."""
     return model.get("prune") or config["prune"]
+
+
+def explorer_parts(n_samples: int, max_jobs: int) -> list[list[int]]:
+    """The samples of each `explorer_samples` job of a model of one job per sample (config
+    `jobs.explorer_jobs` = `max_jobs`): consecutive runs of ceil(n / max_jobs) samples."""
+    if n_samples < 1 or max_jobs < 1:
+        raise ValueError(f"n_samples, max_jobs: need at least 1 each, got {n_samples}, {max_jobs}")
+    per = -(-n_samples // max_jobs)
+    return [list(range(start, min(n_samples, start + per))) for start in range(0, n_samples, per)]
 
 
 def stability_samples(model: dict) -> list[int]:

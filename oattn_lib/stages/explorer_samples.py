@@ -1,5 +1,5 @@
 """Stages `explorer_plan` and `explorer_samples`: a model's explorer page planned, then its
-samples encoded by a few jobs (`jobs.explorer_jobs`, consecutive samples each), beside the rest of
+samples encoded by a few jobs (`jobs.explorer_jobs`, consecutive samples each: `config.explorer_parts`), beside the rest of
 the run (an LLM's prune); the page's job (`stages.explorer`) assembles them. For a model of one
 job per sample; a small model's page job does all of it in one process
 (`explorer.build.model_payload`, the same code).
@@ -18,15 +18,7 @@ from ..explorer.build import encode_page_sample, page_plan
 
 log = logging.getLogger("oattn")
 
-__all__ = ["explorer_plan", "explorer_samples", "read_page_plan", "read_page_samples", "explorer_parts"]
-
-
-def explorer_parts(n_samples: int, max_jobs: int) -> list[list[int]]:
-    """The samples of each `explorer_samples` job: consecutive runs of ceil(n / max_jobs) samples."""
-    if n_samples < 1 or max_jobs < 1:
-        raise ValueError(f"n_samples, max_jobs: need at least 1 each, got {n_samples}, {max_jobs}")
-    per = -(-n_samples // max_jobs)
-    return [list(range(start, min(n_samples, start + per))) for start in range(0, n_samples, per)]
+__all__ = ["explorer_plan", "explorer_samples", "read_page_plan", "read_page_samples"]
 
 
 def explorer_plan(model: str, attention_stores: list, organized_store, decomposed_store, entropy_store,

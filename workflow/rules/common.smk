@@ -10,7 +10,7 @@ import re
 
 from oattn_lib import fingerprint, softmax_free
 from oattn_lib import resources as oattn_resources
-from oattn_lib.config import batched_samples, prune_settings, stability_samples
+from oattn_lib.config import batched_samples, explorer_parts, prune_settings, stability_samples
 from oattn_lib.models import adapter
 from oattn_lib.runtime import KERNEL_MODULES
 from oattn_lib.models.files import is_gguf_model, resolve_hf
@@ -432,8 +432,6 @@ EXPLORER_PER_SAMPLE = name_pattern([n for n in MODELS if n not in BATCHED])
 
 def explorer_part_samples(model):
     """The samples of each explorer_samples job of a model."""
-    from oattn_lib.stages.explorer_samples import explorer_parts
-
     return explorer_parts(len(samples(model)), config["jobs"]["explorer_jobs"])
 
 
