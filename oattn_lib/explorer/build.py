@@ -15,8 +15,8 @@ from .encode import Plan, encode_sample, encoded_bytes, full_head_bytes, plan, r
 
 log = logging.getLogger("oattn")
 
-__all__ = ["model_payload", "page_plan", "encode_page_sample", "assemble_payload", "figure_units", "table_payload", "ablation_metrics", "units_of", "stability_payload",
-           "STABILITY_METRIC"]
+__all__ = ["model_payload", "page_plan", "encode_page_sample", "assemble_payload", "figure_units", "table_payload",
+           "ablation_metrics", "units_of", "stability_payload", "STABILITY_METRIC"]
 
 STABILITY_METRIC = "Haar entropy: largest change over replicates (relative)"
 """The grid metric of a model with a stability stage (docs/method.md §14): per head, the largest
@@ -131,10 +131,11 @@ def _measured(s0, orgs0, n_q: int, n_k: int, n_units: int):
     return sample_bytes
 
 
-def _organizations_2d(i: int, paths, organized2d_store, units2d: list[int], layers, heads, quantity: str, crop,
+def _organizations_2d(paths, organized2d_store, units2d: list[int], layers, heads, quantity: str, crop,
                       iters: int) -> dict:
-    """Sample i's 2-D organizations of `units2d`: its organize2d store's (checked to hold those
-    heads), or made here (`heads2d.sample_organizations`) where `organized2d_store` is None."""
+    """A sample's 2-D organizations of `units2d` (`paths`: its attention, organized and decomposed
+    stores): its organize2d store's (checked to hold those heads), or made here
+    (`heads2d.sample_organizations`) where `organized2d_store` is None."""
     if organized2d_store is None:
         return sample_organizations(paths[0], paths[2], units2d, layers, heads, quantity=quantity, crop=crop,
                                     questionnaire2d_iters=iters)[0]
@@ -201,7 +202,7 @@ def page_plan(attention_stores: list, organized_store, decomposed_store, entropy
     s0 = read_sample(0, *paths, quantity=quantity, crop=crop, masks_of=units2d)
     _check_sample(s0, paths[0], lengths[0], layers, heads, f"the entropy store {entropy_store}")
     t = time.perf_counter()
-    orgs0 = _organizations_2d(0, paths, organized2d_store, units2d, layers, heads, quantity, crop,
+    orgs0 = _organizations_2d(paths, organized2d_store, units2d, layers, heads, quantity, crop,
                               questionnaire2d_iters)
     t2d = time.perf_counter() - t
     n_q, n_k = max(q for q, _ in lengths), max(k for _, k in lengths)
@@ -247,7 +248,7 @@ def encode_page_sample(i: int, attention_store, organized_store, decomposed_stor
     s = read_sample(i, *paths, quantity=quantity, crop=crop, masks_of=units2d)
     _check_sample(s, attention_store, pp["lengths"][i], layers, heads, "the page's plan (stale: delete it)")
     t = time.perf_counter()
-    orgs = _organizations_2d(i, paths, organized2d_store, units2d, layers, heads, quantity, crop,
+    orgs = _organizations_2d(paths, organized2d_store, units2d, layers, heads, quantity, crop,
                              pp["questionnaire2d_iters"])
     t2d = time.perf_counter() - t
     encoded = encode_sample(s, orgs, _plan_of(pp), i)
