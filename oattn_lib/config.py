@@ -19,7 +19,8 @@ from .units import resolve_unit
 
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
-           "softmax_free_bases", "stability_samples", "explorer_parts"]
+           "softmax_free_bases", "stability_samples", "explorer_parts",
+           "shown_samples"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -308,6 +309,12 @@ def explorer_parts(n_samples: int, max_jobs: int) -> list[list[int]]:
         raise ValueError(f"n_samples, max_jobs: need at least 1 each, got {n_samples}, {max_jobs}")
     per = -(-n_samples // max_jobs)
     return [list(range(start, min(n_samples, start + per))) for start in range(0, n_samples, per)]
+
+
+def shown_samples(n_samples: int, max_samples: int | None) -> int:
+    """How many samples a model's explorer page shows: its first `max_samples` (config
+    `explorer.max_samples`), or all `n_samples` where that is None or more."""
+    return n_samples if max_samples is None else min(n_samples, int(max_samples))
 
 
 def stability_samples(model: dict) -> list[int]:

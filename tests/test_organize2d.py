@@ -196,3 +196,54 @@ def test_explorer_parts_are_consecutive_samples_in_at_most_the_jobs_asked():
     assert len(big) == 10 and sum(big, []) == list(range(10_000))
     with pytest.raises(ValueError, match="max_jobs"):
         explorer_parts(5, 0)
+
+
+def test_a_page_of_the_first_samples_shows_theirs_and_says_how_many_of_all(run, tmp_path):
+    """explorer.max_samples = 1 of 2: the page's data are sample 0's (its encoding, its row of
+    every metric), the same by the plan-and-parts jobs as in one process; the page says "the
+    first 1 of 2 samples"; stores for another count, or a plan for another max_samples, are
+    refused."""
+    from oattn_lib.explorer.page import read_meta
+    from oattn_lib.stages.explorer import explorer
+    from oattn_lib.stages.explorer_samples import explorer_plan, explorer_samples
+
+    ent = store.read_store(run["root"] / "ent.zarr")
+    first = ent["head_entropy"].isel(sample=0).transpose("layer", "head").values.reshape(-1)
+    assert not np.allclose(first, ent["head_entropy"].isel(sample=1).transpose("layer", "head").values.reshape(-1))
+    common = dict(quantity="probs", figure_heads=FIG, heads_2d=4, questionnaire2d_iters=3, max_side=64)
+    t1, t2 = tmp_path / "table1.csv", tmp_path / "table2.csv"
+    t1.write_text("layer,head,top\n0,1,2\n")
+    t2.write_text("sample,network_entropy\n0,1.5\n1,1.25\n")
+    plan_json, part = tmp_path / "plan.json", tmp_path / "part0.json.gz"
+    pp = explorer_plan("toy", run["att"][:1], run["org"][0], run["dec"][0], run["root"] / "ent.zarr", run["o2d"][0],
+                       plan_json, data_mb=10.0, max_samples=1, **common)
+    assert (pp["n_samples"], pp["n_samples_total"], len(pp["lengths"])) == (1, 2, 1)
+    explorer_samples("toy", [0], plan_json, run["att"][:1], run["org"][:1], run["dec"][:1], run["o2d"][:1], part,
+                     quantity="probs")
+    metas = {}
+    for name, kw in (("jobs", {"page_plan": plan_json, "page_samples": [part]}),
+                     ("stores", {"organized2d_stores": run["o2d"][:1]})):
+        out = tmp_path / f"{name}.html"
+        stores = {k: run[k][:1] if name == "stores" else [] for k in ("att", "org", "dec")}
+        explorer("toy", "txl", stores["att"], stores["org"], stores["dec"], run["root"] / "ent.zarr", t1, t2, out,
+                 data_mb=10.0, max_samples=1, **common, **kw)
+        assert "the first 1 of 2 samples" in out.read_text()
+        metas[name] = read_meta(out)
+        metas[name].pop("build_seconds")
+    assert metas["jobs"] == metas["stores"]
+    assert (metas["jobs"]["n_samples"], metas["jobs"]["n_samples_total"]) == (1, 2)
+    text = (tmp_path / "jobs.html").read_text()
+    start = text.index("<script id='oattn-data' type='application/json'>")
+    data = json.loads(text[text.index(">", start) + 1:text.index("</script>", start)])
+    rows = data["metrics"]["Haar entropy (coarsest l1)"]
+    assert len(rows) == 1 and len(data["samples"]) == 1 and data["samples"][0]["sample"] == 0
+    assert np.allclose(rows[0], first, rtol=1e-3)
+    # two stores for a page of one sample; a plan of one sample for a page of both
+    with pytest.raises(ValueError, match=r"ent\.zarr: 2 samples, of which the page shows 1 \(explorer\.max_samples 1\)"
+                                         r"; the explorer was given 2"):
+        explorer("toy", "txl", run["att"], run["org"], run["dec"], run["root"] / "ent.zarr", t1, t2,
+                 tmp_path / "x.html", data_mb=10.0, max_samples=1, organized2d_stores=run["o2d"], **common)
+    with pytest.raises(ValueError, match=r"plan\.json: .*1 samples shown.*max_samples=5: the plan is stale"):
+        explorer("toy", "txl", [], [], [], run["root"] / "ent.zarr", t1, t2, tmp_path / "x.html",
+                 data_mb=10.0, max_samples=5, page_plan=plan_json, page_samples=[part], **common)
+    assert not (tmp_path / "x.html").exists()

@@ -146,6 +146,16 @@ def test_changed_n_iters_reruns_organize_and_after_never_training(project):
     assert jobs == ANALYSIS_AFTER_ORGANIZE
 
 
+def test_fewer_samples_on_the_pages_rebuild_the_pages_only(project):
+    """explorer.max_samples 1 (of 2): the pages are planned and built again, with one sample
+    part for lm; nothing before them reruns. lm's 2-D organizations are not made again (sample 0's
+    exist); the small models' one organize2d job is, by the rule for one sample
+    (organize2d_1_samples: seconds)."""
+    jobs = dry_run(project, "--config", "explorer={max_samples: 1}")
+    assert jobs == {"explorer_plan": 1, "explorer_samples": 1, "explorer": 3, "explorer_index": 1, "all": 1,
+                    "organize2d_1_samples": 2}, jobs
+
+
 # -- the same config in another form -----------------------------------------------------------
 def test_reordered_keys_and_rewritten_numbers_plan_nothing(project, tmp_path):
     cfg = reordered(yaml.safe_load((project / "config.yaml").read_text()))

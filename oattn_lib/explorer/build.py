@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .. import store
+from ..config import shown_samples
 from ..heads2d import read_organizations_2d, sample_organizations
 from ..heads2d import figure_units, heads_for_2d
 from .collect import read_sample
@@ -162,10 +163,12 @@ def _check_stores(attention_stores, organized_stores, decomposed_stores, organiz
 
 def page_plan(attention_stores: list, organized_store, decomposed_store, entropy_store, *,
               quantity: str, crop=None, figure_heads=((0, 0),), heads_2d: int = 8, questionnaire2d_iters: int = 10,
-              max_side: int = 128, data_bytes: int = 9_000_000, organized2d_store=None, keep_trial: bool = False):
+              max_side: int = 128, data_bytes: int = 9_000_000, organized2d_store=None, keep_trial: bool = False,
+              max_samples: int | None = None):
     """What a model's page shows, decided before any sample is encoded: the heads shown in 2-D
-    (entropy extremes and figure heads), every sample's lengths (from the headers of
-    `attention_stores`, one per sample) and the resolution that fits `data_bytes`, measured on
+    (entropy extremes and figure heads), every shown sample's lengths (from the headers of
+    `attention_stores`, one per shown sample: the first `max_samples` of the entropy store's,
+    or all of them where None) and the resolution that fits `data_bytes`, measured on
     sample 0 (its stores: attention_stores[0], `organized_store`, `decomposed_store` and
     `organized2d_store`, or its 2-D organizations made here where that is None; read and
     encoded here). A JSON-able dict, the `explorer_plan` job's output, which each sample's
@@ -176,14 +179,17 @@ def page_plan(attention_stores: list, organized_store, decomposed_store, entropy
         raise ValueError("attention_stores: need one per sample, got none")
     t0 = time.perf_counter()
     ent = store.read_store(entropy_store, require=("head_entropy", "head_sparsity"))
-    n_s = ent.sizes["sample"]
+    n_total = ent.sizes["sample"]
+    n_s = shown_samples(n_total, max_samples)
     if n_s != len(attention_stores):
-        raise ValueError(f"{entropy_store}: {n_s} samples, the explorer was given {len(attention_stores)}")
+        raise ValueError(f"{entropy_store}: {n_total} samples, of which the page shows {n_s} (explorer.max_samples "
+                         f"{max_samples}); the explorer was given {len(attention_stores)}")
     n_layer, n_head = ent.sizes["layer"], ent.sizes["head"]
     n_units = n_layer * n_head
     # the model's indices of the stored layers and heads: every label of the page shows these
     layers, heads = [int(v) for v in ent["layer"].values], [int(v) for v in ent["head"].values]
-    entropy = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
+    # the heads in 2-D: the extremes over every sample, as the organize2d stage picks them
+    entropy = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(n_total, n_units)
     fig_units = figure_units(figure_heads, n_layer, n_head)
     units2d = heads_for_2d(fig_units, np.nanmean(entropy, axis=0), heads_2d)
     # every sample's (query, key) lengths: samples of their own lengths (attention files) are
@@ -209,7 +215,7 @@ def page_plan(attention_stores: list, organized_store, decomposed_store, entropy
     measured = _measured(s0, orgs0, n_q, n_k, n_units)
     p = plan(n_q, n_k, n_units, n_s, units2d, max_side, data_bytes, sample_bytes=measured,
              head_bytes=int(1.1 * full_head_bytes(s0, orgs0, units2d[0] if units2d else 0)))
-    pp = {"n_samples": n_s, "layers": layers, "heads": heads, "n_query": n_q, "n_key": n_k, "lengths": lengths,
+    pp = {"n_samples": n_s, "n_samples_total": n_total, "layers": layers, "heads": heads, "n_query": n_q, "n_key": n_k, "lengths": lengths,
           "figure_units": fig_units, "units_2d": [int(u) for u in units2d], "units_2d_note": no_scores,
           "heads_2d": heads_2d, "questionnaire2d_iters": questionnaire2d_iters,
           "model_size": [s0.info["model_layers"], s0.info["model_heads"]],
@@ -266,13 +272,15 @@ def assemble_payload(model: str, kind: str, pp: dict, samples: list[dict], entro
     if len(samples) != pp["n_samples"]:
         raise ValueError(f"{model}: {len(samples)} encoded samples, the page's plan has {pp['n_samples']}")
     ent = store.read_store(entropy_store, require=("head_entropy", "head_sparsity"))
-    n_s, layers, heads = ent.sizes["sample"], pp["layers"], pp["heads"]
-    if n_s != pp["n_samples"] or [int(v) for v in ent["layer"].values] != layers or \
+    n_total, layers, heads = ent.sizes["sample"], pp["layers"], pp["heads"]
+    if n_total != pp.get("n_samples_total", pp["n_samples"]) or [int(v) for v in ent["layer"].values] != layers or \
             [int(v) for v in ent["head"].values] != heads:
-        raise ValueError(f"{entropy_store}: {n_s} samples of layers {ent['layer'].values.tolist()} x heads "
-                         f"{ent['head'].values.tolist()}, the page's plan {pp['n_samples']} of {layers} x {heads}: "
-                         "the plan is stale, delete it")
-    n_units = len(layers) * len(heads)
+        raise ValueError(f"{entropy_store}: {n_total} samples of layers {ent['layer'].values.tolist()} x heads "
+                         f"{ent['head'].values.tolist()}, the page's plan {pp.get('n_samples_total', pp['n_samples'])} "
+                         f"of {layers} x {heads}: the plan is stale, delete it")
+    # the page shows the first n_s samples (explorer.max_samples); Tables 1-2 cover all of them
+    n_s, n_units = pp["n_samples"], len(layers) * len(heads)
+    ent = ent.isel(sample=slice(0, n_s))
     entropy = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
     sparsity = ent["head_sparsity"].transpose("sample", "layer", "head").values.reshape(n_s, n_units)
     metrics = {"Haar entropy (coarsest l1)": [round_values(v) for v in entropy],
@@ -287,7 +295,7 @@ def assemble_payload(model: str, kind: str, pp: dict, samples: list[dict], entro
     meta = {"model": model, "kind": kind, "quantity": quantity, "n_layer": len(layers), "n_head": len(heads),
             "layers": layers, "heads": heads, "model_layers": pp["model_size"][0], "model_heads": pp["model_size"][1],
             "masked": any(s["info"]["masked"] for s in samples),
-            "n_query": pp["n_query"], "n_key": pp["n_key"], "n_samples": n_s,
+            "n_query": pp["n_query"], "n_key": pp["n_key"], "n_samples": n_s, "n_samples_total": n_total,
             "lengths": [list(n) for n in lengths] if len(set(lengths)) > 1 else None,
             "units_2d_note": pp["units_2d_note"], "crop": list(crop) if crop is not None else None,
             "kv_group": samples[-1]["info"]["kv_group"],
@@ -304,7 +312,8 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
                   decomposed_stores: list, entropy_store, tables: list[dict], rankings_csv=None, *,
                   quantity: str, crop=None, figure_heads=((0, 0),), heads_2d: int = 8,
                   questionnaire2d_iters: int = 10, max_side: int = 128, data_bytes: int = 9_000_000,
-                  stability_store=None, organized2d_stores: list | None = None) -> dict:
+                  stability_store=None, organized2d_stores: list | None = None,
+                  max_samples: int | None = None) -> dict:
     """Everything the page shows of a model (`assemble_payload`), in one process: the plan
     (`page_plan`), then each sample encoded (`encode_page_sample`, one sample in memory at a
     time; sample 0's trial encoding reused where the plan shows it the same way). The workflow
@@ -317,7 +326,7 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
                           quantity=quantity, crop=crop, figure_heads=figure_heads, heads_2d=heads_2d,
                           questionnaire2d_iters=questionnaire2d_iters, max_side=max_side, data_bytes=data_bytes,
                           organized2d_store=None if organized2d_stores is None else organized2d_stores[0],
-                          keep_trial=True)
+                          keep_trial=True, max_samples=max_samples)
     samples = []
     for i in range(pp["n_samples"]):
         o2d = None if organized2d_stores is None else organized2d_stores[i]

@@ -7,7 +7,8 @@ import json
 import os
 from importlib import resources
 
-__all__ = ["render_page", "render_index", "resolution_note", "read_meta", "unit_name", "stored_heads_note"]
+__all__ = ["render_page", "render_index", "resolution_note", "read_meta", "unit_name", "stored_heads_note",
+           "shown_note"]
 
 # The page's style sheet and script are files of their own language beside this module, shipped
 # as package data and embedded verbatim in every page (`asset`). `__assets__` declares them to the
@@ -137,6 +138,13 @@ def _json_script(obj) -> str:
     return text.replace("<", "\\u003c")
 
 
+def shown_note(meta: dict) -> str:
+    """'N samples', or 'the first N of M samples' where the page shows only some
+    (explorer.max_samples; pages built before it know only N)."""
+    n, total = meta["n_samples"], meta.get("n_samples_total", meta["n_samples"])
+    return f"{n} samples" if total == n else f"the first {n} of {total} samples"
+
+
 def render_page(payload: dict, plotly_js: str | None = None) -> str:
     """The self-contained page of one model: markup, the data as JSON, plotly.js and the page's
     script, in that order (the markup paints before the scripts are parsed)."""
@@ -147,7 +155,7 @@ def render_page(payload: dict, plotly_js: str | None = None) -> str:
     q = m["quantity"]
     subtitle = (f"{m['kind']} model, {stored_heads_note(m)}, {'up to ' if m.get('lengths') else ''}"
                 f"{m['n_query']} tokens, "
-                f"{m['n_samples']} samples; heads show the {'post-softmax probabilities' if q == 'probs' else 'pre-softmax scores'} "
+                f"{shown_note(m)}; heads show the {'post-softmax probabilities' if q == 'probs' else 'pre-softmax scores'} "
                 f"({q}). Fasina et al., Intrinsic and Extrinsic Organized Attention.")
     notes = "".join(f"<p class='note'>{html.escape(s)}</p>" for s in resolution_note(m))
     body = BODY.format(model=html.escape(m["model"]), subtitle=html.escape(subtitle), notes=notes)
@@ -187,7 +195,7 @@ def render_index(models: list[dict], index_path) -> str:
         res = "full" if meta["plan"]["full_mode"] else f"level of detail ≤ {meta['plan']['side']}²"
         rows.append(f"<tr><td><a href='{html.escape(href)}'>{html.escape(meta['model'])}</a></td>"
                     f"<td>{html.escape(meta['kind'])}</td><td>{html.escape(stored_heads_note(meta))}</td>"
-                    f"<td>{meta['n_query']}</td><td>{meta['n_samples']}</td><td>{res}</td><td>{size:.1f} MB</td></tr>")
+                    f"<td>{meta['n_query']}</td><td>{html.escape(shown_note(meta))}</td><td>{res}</td><td>{size:.1f} MB</td></tr>")
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>oattn explorer</title>"
             f"<link rel='icon' href='data:,'><style>\n{asset('page.css')}</style></head><body>"
             "<header><h1>Organized attention explorer</h1><p>One self-contained page per model; "

@@ -23,16 +23,18 @@ __all__ = ["explorer_plan", "explorer_samples", "read_page_plan", "read_page_sam
 
 def explorer_plan(model: str, attention_stores: list, organized_store, decomposed_store, entropy_store,
                   organized2d_store, out, *, quantity: str, crop=None, figure_heads, questionnaire2d_iters: int,
-                  heads_2d: int, max_side: int, data_mb: float) -> dict:
+                  heads_2d: int, max_side: int, data_mb: float, max_samples: int | None = None) -> dict:
     """Write `out`, the plan of a model's page (`explorer.build.page_plan`): the heads shown in 2-D,
-    the samples' lengths and the resolution, measured on sample 0."""
+    the shown samples' lengths (the first `max_samples`, one attention store each) and the
+    resolution, measured on sample 0."""
     pp = page_plan(attention_stores, organized_store, decomposed_store, entropy_store, quantity=quantity, crop=crop,
                    figure_heads=figure_heads, heads_2d=heads_2d, questionnaire2d_iters=questionnaire2d_iters,
-                   max_side=max_side, data_bytes=int(data_mb * 1e6), organized2d_store=organized2d_store)
+                   max_side=max_side, data_bytes=int(data_mb * 1e6), organized2d_store=organized2d_store,
+                   max_samples=max_samples)
     store.atomic_write_text(out, json.dumps(pp, indent=1))
     p = pp["plan"]
-    log.info("explorer %s: planned %d samples at %s, %d heads in 2-D, %.1f s", model, pp["n_samples"],
-             "full resolution" if p["full_mode"] else f"level of detail {p['side']}", len(pp["units_2d"]),
+    log.info("explorer %s: planned %d of %d samples at %s, %d heads in 2-D, %.1f s", model, pp["n_samples"],
+             pp["n_samples_total"], "full resolution" if p["full_mode"] else f"level of detail {p['side']}", len(pp["units_2d"]),
              pp["seconds"]["plan"])
     return pp
 

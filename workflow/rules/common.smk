@@ -10,7 +10,7 @@ import re
 
 from oattn_lib import fingerprint, softmax_free
 from oattn_lib import resources as oattn_resources
-from oattn_lib.config import batched_samples, explorer_parts, prune_settings, stability_samples
+from oattn_lib.config import batched_samples, explorer_parts, prune_settings, shown_samples, stability_samples
 from oattn_lib.models import adapter
 from oattn_lib.runtime import KERNEL_MODULES
 from oattn_lib.models.files import is_gguf_model, resolve_hf
@@ -125,8 +125,28 @@ def organized_stores(wildcards):
     return [ORGANIZED.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
 
 
+def explorer_samples_of(model):
+    """The samples a model's explorer page shows: its first explorer.max_samples. Only these get
+    their 2-D organizations (organize2d) made."""
+    return range(shown_samples(len(samples(model)), config["explorer"]["max_samples"]))
+
+
+# the batched models' organize2d jobs: one per count of shown samples k (organize2d_<k>_samples)
+SHOWN_BATCH_SIZES = sorted({len(explorer_samples_of(n)) for n in BATCHED if n in MODELS})
+
+
+def shown_batched_pattern(k):
+    """The wildcard pattern of the batched models whose explorer page shows k samples."""
+    return name_pattern(sorted(n for n in BATCHED if n in MODELS and len(explorer_samples_of(n)) == k))
+
+
 def organized2d_stores(wildcards):
-    return [ORGANIZED_2D.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
+    return [ORGANIZED_2D.format(model=wildcards.model, sample=i) for i in explorer_samples_of(wildcards.model)]
+
+
+def shown_stores(pattern):
+    """Input function: the stores of `pattern` of the samples a model's explorer page shows."""
+    return lambda wildcards: [pattern.format(model=wildcards.model, sample=i) for i in explorer_samples_of(wildcards.model)]
 
 
 # what the organize2d rules read of the config: the heads the explorer shows in 2-D
@@ -275,6 +295,8 @@ def analysis_work(stage, wildcards):
         return 1
     if "part" in wildcards.keys():
         return len(explorer_part_samples(wildcards.model)[int(wildcards.part)])
+    if stage in ("explorer", "organize2d"):
+        return len(explorer_samples_of(wildcards.model))
     if stage == "stability":
         from oattn_lib.stability import replicate_plan
 
@@ -432,7 +454,7 @@ EXPLORER_PER_SAMPLE = name_pattern([n for n in MODELS if n not in BATCHED])
 
 def explorer_part_samples(model):
     """The samples of each explorer_samples job of a model."""
-    return explorer_parts(len(samples(model)), config["jobs"]["explorer_jobs"])
+    return explorer_parts(len(explorer_samples_of(model)), config["jobs"]["explorer_jobs"])
 
 
 def explorer_part_inputs(wildcards):
@@ -454,9 +476,9 @@ def explorer_part_inputs(wildcards):
 def explorer_inputs(wildcards):
     if wildcards.model in BATCHED:
         inputs = {
-            "attention": attention_stores(wildcards),
-            "organized": organized_stores(wildcards),
-            "decomposed": decomposed_stores(wildcards),
+            "attention": shown_stores(ATTENTION)(wildcards),
+            "organized": shown_stores(ORGANIZED)(wildcards),
+            "decomposed": shown_stores(DECOMPOSED)(wildcards),
             "organized2d": organized2d_stores(wildcards),
         }
     else:

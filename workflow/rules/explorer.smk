@@ -9,7 +9,7 @@
 
 rule explorer_plan:
     input:
-        attention=attention_stores,
+        attention=shown_stores(ATTENTION),
         organized=lambda w: ORGANIZED.format(model=w.model, sample=0),
         decomposed=lambda w: DECOMPOSED.format(model=w.model, sample=0),
         organized2d=lambda w: ORGANIZED_2D.format(model=w.model, sample=0),

@@ -1,9 +1,9 @@
 # Each sample's own 2-D organization of the heads the explorer shows in 2-D (explorer.heads_2d:
 # the figure heads, whose organization the decompose stage made, then the entropy extremes),
-# after the entropy stage that ranks them (docs/method.md §12.3). One job per sample, beside
-# the rest of the run (an LLM's prune), or one job for all samples of a small model
-# (organize2d_<k>_samples; jobs.batch_max_entries, common.smk); the explorer's page job only
-# reads them.
+# after the entropy stage that ranks them (docs/method.md §12.3), for the samples the page shows
+# (its first explorer.max_samples). One job per sample, beside the rest of the run (an LLM's
+# prune), or one job for all shown samples of a small model (organize2d_<k>_samples;
+# jobs.batch_max_entries, common.smk); the explorer's page job only reads them.
 
 
 rule organize2d:
@@ -33,7 +33,7 @@ rule organize2d:
         "../../scripts/organize2d.py"
 
 
-for _k in BATCH_SIZES:
+for _k in SHOWN_BATCH_SIZES:
 
     rule:
         name:
@@ -49,7 +49,7 @@ for _k in BATCH_SIZES:
         benchmark:
             f"{R}/benchmarks/{{model}}/organize2d.tsv"
         wildcard_constraints:
-            model=batched_pattern(_k),
+            model=shown_batched_pattern(_k),
         priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
