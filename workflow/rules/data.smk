@@ -22,6 +22,9 @@ rule prepare_data:
     params:
         kind=lambda w: model_cfg(w)["kind"],
         data=lambda w: model_cfg(w)["data"],
+        # what decides the candidate samples it counts (a corpus model's tokenizer and
+        # max_length); its n_samples is read by the script, not a param (no rerun)
+        candidates=lambda w: adapter(model_cfg(w)).candidates_params(model_cfg(w)),
         data_root=config["data_root"],
         code=code_version("prepare_data"),
     script:

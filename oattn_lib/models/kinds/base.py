@@ -120,6 +120,17 @@ class ModelKind(ABC):
         `extract.n_samples: all` takes this number."""
         return None
 
+    def candidates_params(self, model: dict) -> dict:
+        """What of `model`, besides its `data` section, decides the candidates `count_candidates`
+        counts (prepare_data's params: changing it prepares the data again); {} for most kinds."""
+        return {}
+
+    def count_candidates(self, model: dict, meta: dict) -> dict | None:
+        """The candidate samples counted by prepare_data once its dataset is built, where only
+        the data tells ({"count", "what", "source", ...}, recorded in its meta as `candidates`);
+        None where `n_candidates` knows them before the run, or nothing is counted."""
+        return None
+
     def ordered_samples(self, model: dict) -> bool:
         """Whether sample i is candidate i (the first n_samples of the user's own inputs, in their
         order) rather than a seeded draw without replacement from the candidates."""

