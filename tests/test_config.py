@@ -133,6 +133,13 @@ def test_hf_path_accepts_a_model_directory_the_alias_and_online_hub_ids(config, 
     with pytest.raises(ConfigError, match="has no config.json"):
         validate_config(copy.deepcopy(config), SCHEMA)
     (tmp_path / "no_config" / "config.json").write_text("{}")
+    # a directory it loads from: weights and a tokenizer beside the config (each named when missing)
+    with pytest.raises(ConfigError, match="has no weights"):
+        validate_config(copy.deepcopy(config), SCHEMA)
+    (tmp_path / "no_config" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="has no tokenizer"):
+        validate_config(copy.deepcopy(config), SCHEMA)
+    (tmp_path / "no_config" / "tokenizer.json").write_text("{}")
     validate_config(copy.deepcopy(config), SCHEMA)
     config["models"][2]["path"] = "minilm"
     validate_config(copy.deepcopy(config), SCHEMA)

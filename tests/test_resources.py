@@ -179,6 +179,7 @@ def test_model_job_features_follow_the_config(tmp_path):
     model_dir.mkdir()
     save_file({"w": torch.zeros(1000, 250)}, str(model_dir / "model.safetensors"))
     (model_dir / "config.json").write_text('{"num_hidden_layers": 4, "num_attention_heads": 3, "vocab_size": 500}')
+    (model_dir / "vocab.txt").write_text("[PAD]\n")
     m = complete_model({"name": "lm", "kind": "hf", "path": str(model_dir),
                         "extract": {"max_length": 100, "n_samples": 1}, "prune": {"held_out": {"hf_windows": 2}}})
     f = resources.model_job_features("extract", m, tmp_path / "results-model")

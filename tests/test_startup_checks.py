@@ -258,3 +258,92 @@ def test_extraction_draws_from_the_counted_texts(corpus_meta):
     other = {**meta, "candidates": {**meta["candidates"], "indices": meta["candidates"]["indices"][:3]}}
     assert _HFExtraction(model, other, "cpu", None).texts == [meta["test_texts"][i] for i in
                                                               meta["candidates"]["indices"][:3]]
+
+
+# -- malformed model directories and attention files --------------------------------------------------
+def _minilm_copy(tmp_path):
+    from oattn_lib.models.files import resolve_hf
+
+    d = tmp_path / "model"
+    shutil.copytree(resolve_hf("minilm")[0], d)
+    return d
+
+
+@pytest.mark.parametrize("damage, expect", [
+    (lambda d: (d / "config.json").write_text("{not json"), "config.json is not JSON (Expecting property name"),
+    (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json is not a JSON object (a list)"),
+    (lambda d: (d / "config.json").write_bytes(b"\xff\xfe{}"), "config.json cannot be read"),
+    (lambda d: (d / "model.safetensors").unlink(), "has no weights (one of model.safetensors"),
+    (lambda d: [(d / f).unlink() for f in ("tokenizer.json", "vocab.txt")], "has no tokenizer (one of tokenizer.json"),
+])
+def test_a_damaged_model_directory_is_one_line_at_start_up(config, tmp_path, damage, expect):
+    d = _minilm_copy(tmp_path)
+    damage(d)
+    config["models"][2]["path"] = str(d)
+    assert_one_line_error(config, lambda c: None, "models[2].path: ")
+    config2 = yaml.safe_load((REPO / "config.yaml").read_text())
+    config2.update(results=config["results"])
+    config2["models"][2]["path"] = str(d)
+    with pytest.raises(ConfigError) as err:
+        validate_config(config2, SCHEMA)
+    assert expect in str(err.value)
+
+
+def _attention_model(cfg, path):
+    cfg["models"] = [{"name": "mine", "kind": "attention", "path": str(path), "extract": {"n_samples": 1}}]
+    cfg["prune"] = {"enabled": False}
+    return cfg
+
+
+def _safetensors(path, header: dict, data: bytes = b"\0" * 64):
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda p: p.write_bytes(_npy_bytes()[:-100]), r"a\.npy: is truncated: its header says shape \(2, 2, 8, 8\) of "
+                                                    r"float32 \(1024 bytes\), the file holds 924"),
+    (lambda p: _safetensors(p, {"probs": {"dtype": "F32", "shape": [10 ** 5, 10 ** 5, 100, 100],
+                                          "data_offsets": [0, 4 * 10 ** 14]}}),
+     r"array 'probs': its header says shape \(100000, 100000, 100, 100\) \(400000000000000 bytes\) at bytes "
+     r"0\.\.400000000000000, the file holds 64"),
+    (lambda p: _safetensors(p, {"probs": {"dtype": "F32", "shape": [1, 2, 4, 4], "data_offsets": [0, 64]}}),
+     r"array 'probs': its header says shape \(1, 2, 4, 4\) \(128 bytes\) at bytes 0\.\.64"),
+    (lambda p: _safetensors(p, {"probs": {"dtype": "F32", "shape": "big", "data_offsets": [0, 64]}}),
+     "array 'probs': malformed header entry"),
+    (lambda p: _safetensors(p, {"probs": 7}), "array 'probs': malformed header entry 7"),
+    (lambda p: _safetensors(p, [1, 2]), "its header is a JSON list, not an object"),
+    (lambda p: _npz(p, _npy_bytes()[:-256]), r"a\.npz: array 'probs' is truncated: its header says shape "
+                                              r"\(2, 2, 8, 8\)"),
+])
+def test_a_malformed_attention_file_is_one_line_naming_it(config, tmp_path, make, expect):
+    name = "a.npz" if "npz" in expect else "a.npy" if "npy" in expect else "a.safetensors"
+    path = tmp_path / name
+    make(path)
+    cfg = _attention_model(config, path)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=expect) as err:
+            validate_config(cfg, SCHEMA)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(err.value).startswith(f"models[0].path: {path}") and "\n" not in str(err.value)
+    assert peak < 32 << 20
+
+
+def _npy_bytes() -> bytes:
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.full((2, 2, 8, 8), 1 / 8, dtype=np.float32))
+    return buf.getvalue()
+
+
+def _npz(path, member: bytes) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:  # stored, not compressed: the member's data cut
+        z.writestr("probs.npy", member)

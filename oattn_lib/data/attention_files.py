@@ -104,13 +104,33 @@ def _bf16(raw: np.ndarray) -> np.ndarray:
     return (np.asarray(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def _npy_problem(path: Path) -> str | None:
+    """Why a .npy file whose header reads is not whole: the bytes its header's shape and dtype
+    need against the file's; None where the header does not read or the sizes agree."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0(f))
+            start = f.tell()
+    except (OSError, ValueError):
+        return None
+    if dtype.hasobject:
+        return None
+    need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    have = path.stat().st_size - start
+    return None if have >= need else (f"is truncated: its header says shape {tuple(shape)} of {dtype} ({need} bytes), "
+                                      f"the file holds {have}")
+
+
 class _Npy(_File):
     def __init__(self, path: Path, quantity: str):
         super().__init__(path)
         try:
             self._a = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
-            raise _fail(path, f"cannot be read without pickles ({exc}); save numbers with numpy.save") from None
+            raise _fail(path, _npy_problem(path) or f"cannot be read without pickles ({exc}); save numbers with "
+                                                      "numpy.save") from None
         except OSError as exc:
             raise _fail(path, f"is not a .npy file ({exc})") from None
         self.arrays[quantity] = _Header(self._a.shape, self._a.dtype)
@@ -162,7 +182,12 @@ class _Npz(_File):
             count = int(np.prod(trailing, dtype=np.int64))
             flat = int(np.ravel_multi_index(lead, h.shape[:len(lead)])) if lead else 0
             f.seek(offset + flat * count * h.dtype.itemsize)
-            return np.frombuffer(f.read(count * h.dtype.itemsize), dtype=h.dtype).reshape(trailing)
+            return self._block(f.read(count * h.dtype.itemsize), name, h, trailing)
+
+    def _block(self, data: bytes, name: str, h, trailing) -> np.ndarray:
+        if len(data) != int(np.prod(trailing, dtype=np.int64)) * h.dtype.itemsize:
+            raise _fail(self.path, f"array {name!r} is truncated: its header says shape {h.shape} of {h.dtype}")
+        return np.frombuffer(data, dtype=h.dtype).reshape(trailing)
 
     def blocks(self, name, n_lead):
         member, offset, fortran, h = self._member(name)
@@ -174,7 +199,22 @@ class _Npz(_File):
         with self._zip.open(member) as f:
             f.seek(offset)
             for lead in np.ndindex(*h.shape[:n_lead]):
-                yield lead, np.frombuffer(f.read(nbytes), dtype=h.dtype).reshape(trailing)
+                yield lead, self._block(f.read(nbytes), name, h, trailing)
+
+
+def _safetensors_extent(path: Path, name: str, info, itemsize: int, data_bytes: int) -> tuple[tuple, tuple]:
+    """(shape, data offsets) of one array of a .safetensors header, checked: a list of sizes, two
+    offsets whose span is the shape's bytes, within the file's `data_bytes` after the header."""
+    shape, where = info.get("shape"), info.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(v, int) and v >= 0 for v in shape)
+            and isinstance(where, list) and len(where) == 2 and all(isinstance(v, int) for v in where)):
+        raise _fail(path, f"array {name!r}: malformed header entry (shape {shape!r}, data_offsets {where!r})")
+    need = int(np.prod(shape, dtype=object)) * itemsize
+    if not 0 <= where[0] <= where[1] <= data_bytes or where[1] - where[0] != need:
+        raise _fail(path, f"array {name!r}: its header says shape {tuple(shape)} ({need} bytes) at bytes "
+                          f"{where[0]}..{where[1]}, the file holds {data_bytes} after its header (truncated or "
+                          "malformed)")
+    return tuple(shape), tuple(where)
 
 
 class _Safetensors(_File):
@@ -192,21 +232,27 @@ class _Safetensors(_File):
                 raise _fail(path, f"is not a .safetensors file ({exc})") from None
         self._start = 8 + n
         self._where = {}
+        if not isinstance(header, dict):
+            raise _fail(path, f"is not a .safetensors file (its header is a JSON {type(header).__name__}, not an object)")
         for name, info in header.items():
             if name == "__metadata__":
-                text = (info or {}).get("tokens")
+                text = (info if isinstance(info, dict) else {}).get("tokens")
                 if text is not None:
                     try:
                         self.token_text = json.loads(text)
                     except ValueError:
                         raise _fail(path, "metadata 'tokens' is not JSON (a list of strings)") from None
                 continue
+            if not isinstance(info, dict):
+                raise _fail(path, f"array {name!r}: malformed header entry {info!r:.80}")
             dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
             if dtype is None:
                 raise _fail(path, f"array {name!r}: dtype {info.get('dtype')} is not read here (allowed: "
                                   f"{', '.join(_SAFETENSORS_DTYPES)})")
-            self._where[name] = tuple(info["data_offsets"])
-            self.arrays[name] = _Header(tuple(info["shape"]), dtype if dtype == "bf16" else np.dtype(dtype))
+            shape, where = _safetensors_extent(path, name, info, 2 if dtype == "bf16" else np.dtype(dtype).itemsize,
+                                               size - self._start)
+            self._where[name] = where
+            self.arrays[name] = _Header(shape, dtype if dtype == "bf16" else np.dtype(dtype))
 
     def read(self, name, lead=()):
         h = self.arrays[name]

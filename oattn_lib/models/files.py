@@ -362,6 +362,33 @@ def has_chat_template(path: str, gguf_file: str | None = None) -> bool | None:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
+# the files a model directory loads from: one of the weights' and one of the tokenizer's
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model", "tiktoken.model")
+
+
+def _directory_problem(d: Path) -> str | None:
+    """What a model directory lacks for loading: a config.json that is a JSON object, weights and
+    a tokenizer (checked by file name, nothing loaded); None when nothing."""
+    cfg = d / "config.json"
+    if not cfg.is_file():
+        return f"directory {str(d)!r} has no config.json"
+    try:
+        parsed = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{cfg} cannot be read ({exc})"
+    except ValueError as exc:
+        return f"{cfg} is not JSON ({exc})"
+    if not isinstance(parsed, dict):
+        return f"{cfg} is not a JSON object (a {type(parsed).__name__})"
+    if not any((d / w).is_file() for w in _WEIGHT_FILES):
+        return f"directory {str(d)!r} has no weights (one of {', '.join(_WEIGHT_FILES)})"
+    if not any((d / t).is_file() for t in _TOKENIZER_FILES) and not any(d.glob("*.tiktoken")):
+        return f"directory {str(d)!r} has no tokenizer (one of {', '.join(_TOKENIZER_FILES)})"
+    return None
+
+
 def hf_path_problem(path: str, gguf_file: str | None = None) -> str | None:
     """Why `path` (with `gguf_file`, if given) cannot name a Hugging Face model here, or None
     when it can.
@@ -392,7 +419,7 @@ def hf_path_problem(path: str, gguf_file: str | None = None) -> str | None:
             except (OSError, ValueError) as exc:
                 return str(exc)
             return None
-        return None if (p / "config.json").is_file() else f"directory {str(p)!r} has no config.json"
+        return _directory_problem(p)
     if path.startswith((".", "/", "~")) or not _HUB_ID.match(path):
         return f"{path!r} is not an existing directory"
     if is_offline():
