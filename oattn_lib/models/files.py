@@ -242,21 +242,30 @@ def gguf_metadata(path: str | os.PathLike, keys) -> dict:
     return found
 
 
+def _local_model(path: str, gguf_file: str | None) -> tuple[Path, Path | None] | None:
+    """(directory, its GGUF file or None) of a local model, an alias resolved; None where there
+    is none here (a hub id, a GGUF file that does not exist)."""
+    try:
+        directory, gguf_file = resolve_hf(path, gguf_file)
+    except FileNotFoundError:
+        return None
+    d = Path(directory).expanduser()
+    if not gguf_file:
+        return d, None
+    return (d, d / gguf_file) if (d / gguf_file).is_file() else None
+
+
 def hf_layout(path: str, gguf_file: str | None = None, stack: str | None = None) -> HFLayout | None:
     """Layers and heads of a local model (config.json, or the GGUF file's header), without
     loading it; None when they cannot be read here (a hub id, an unusual config). `stack`
     ("encoder", "decoder" or "cross") picks the stack of an encoder-decoder config.json
     (`is_encoder_decoder`): T5's num_layers / num_decoder_layers / num_heads, BART's
     encoder_layers / decoder_layers / encoder_attention_heads / decoder_attention_heads."""
-    try:
-        directory, gguf_file = resolve_hf(path, gguf_file)
-    except FileNotFoundError:
+    local = _local_model(path, gguf_file)
+    if local is None:
         return None
-    d = Path(directory).expanduser()
-    if gguf_file:
-        f = d / gguf_file
-        if not f.is_file():
-            return None
+    d, f = local
+    if f is not None:
         arch = gguf_metadata(f, ["general.architecture"]).get("general.architecture")
         if not arch:
             return None
@@ -288,15 +297,11 @@ def hf_max_positions(path: str, gguf_file: str | None = None) -> tuple[int, str]
     (`<arch>.context_length`) without loading it, with the file and key it came from; None
     where none is declared or it cannot be read here (a hub id, a T5 model of relative
     positions). A malformed GGUF header raises ValueError naming the file."""
-    try:
-        directory, gguf_file = resolve_hf(path, gguf_file)
-    except FileNotFoundError:
+    local = _local_model(path, gguf_file)
+    if local is None:
         return None
-    d = Path(directory).expanduser()
-    if gguf_file:
-        f = d / gguf_file
-        if not f.is_file():
-            return None
+    d, f = local
+    if f is not None:
         arch = gguf_metadata(f, ["general.architecture"]).get("general.architecture")
         key = f"{arch}.context_length"
         n = gguf_metadata(f, [key]).get(key) if arch and arch != "t5" else None
