@@ -179,7 +179,8 @@ def validate_config(config: dict, schema_path: str) -> None:
     coerce_config(config, schema)
     # the schema's default `{}` is one object: filled in place for one model, it would be
     # shared by the next model that omits the same section
-    for m in config.get("models") or []:
+    models = config.get("models")
+    for m in models if isinstance(models, list) else []:
         if isinstance(m, dict):
             for key in ("data", "arch", "train"):
                 m.setdefault(key, {})
@@ -193,7 +194,9 @@ def validate_config(config: dict, schema_path: str) -> None:
         raise ConfigError(_one_line(err)) from None
     # defaults filled in by the schema take the same forms as given values
     coerce_config(config, schema)
+    _check_finite(config)
     _complete_model_prune(config, schema)
+    _check_paths(config)
     _resolve_n_samples(config)
     check_config(config)
     if config["check_disk"]:
@@ -276,6 +279,70 @@ def _complete_model_prune(config: dict, schema: dict) -> None:
             raise ConfigError(f"models[{i}] ({m['name']}).prune{'' if line.startswith('config') else '.'}"
                               f"{line.removeprefix('config')}")
         m["prune"] = merged
+
+
+def _non_finite(value, path: str = "") -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or infinite number in `value`, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "config", value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _check_finite(config: dict) -> None:
+    """No number of the config is NaN or infinite (YAML's .nan, .inf): the schema's bounds let NaN
+    through (every comparison with it is false), and a run would compute with it for hours.
+    The strings nan and inf are refused already (`coerce_config` keeps them strings)."""
+    found = _non_finite(config)
+    if found:
+        raise ConfigError(f"{found[0]}: {found[1]} is not a finite number; allowed: a finite number")
+
+
+# what the system lets a path be (Linux: NAME_MAX, PATH_MAX), less what the workflow appends to
+# `results` (<model>/organized2d/sample<i>.zarr/zarr.json, softmax_free/<model>/<attention>/seed<k>/...)
+_NAME_BYTES, _PATH_BYTES, _APPENDED_BYTES = 255, 4095, 512
+
+
+def _path_problem(value: str, limit: int = _PATH_BYTES) -> str | None:
+    """Why the system cannot look up the path `value` (NUL, a name over 255 bytes, over `limit` bytes
+    in all), whether or not it exists; None when it can. Asking would raise, not answer no."""
+    if "\0" in value:
+        return "it holds a NUL character"
+    try:
+        raw = value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not UTF-8 text"
+    longest = max(len(part) for part in raw.split(b"/"))
+    if longest > _NAME_BYTES:
+        return f"a name of {longest} bytes in it, above the system's {_NAME_BYTES}"
+    if len(raw) > limit:
+        return f"{len(raw)} bytes, above {limit}"
+    return None
+
+
+def _check_paths(config: dict) -> None:
+    """Every path the config gives (results, data_root, a model's path, gguf_file, data.texts,
+    prune.held_out.texts) is one the system can look up: otherwise checking whether the file
+    exists raises OSError (File name too long) or ValueError (embedded null byte), naming no key."""
+    paths = [("results", config["results"], _PATH_BYTES - _APPENDED_BYTES),
+             ("data_root", config["data_root"], _PATH_BYTES),
+             ("prune.held_out.texts", config["prune"]["held_out"].get("texts"), _PATH_BYTES)]
+    for i, m in enumerate(config["models"]):
+        own_texts = ((m.get("prune") or {}).get("held_out") or {}).get("texts")
+        paths += [(f"models[{i}].{key}", value, _PATH_BYTES)
+                  for key, value in (("path", m.get("path")), ("gguf_file", m.get("gguf_file")),
+                                     ("data.texts", (m.get("data") or {}).get("texts")))]
+        paths.append((f"models[{i}] ({m['name']}).prune.held_out.texts", own_texts, _PATH_BYTES))
+    for key, value, limit in paths:
+        problem = value is not None and _path_problem(str(value), limit)
+        if problem:
+            shown = value if len(value) <= 60 else value[:57] + "..."
+            raise ConfigError(f"{key}: {shown!r} cannot name a file: {problem}; allowed: a path without NUL "
+                              f"characters, its names at most {_NAME_BYTES} bytes each, at most {limit} bytes in all")
 
 
 def _resolve_n_samples(config: dict) -> None:
@@ -391,9 +458,19 @@ def planned_store_bytes(config: dict, model: dict) -> int:
     dec = config["decompose"]
     decomposed = n * n * 4 * (2 * n_layers * n_heads if dec.get("keep_coefficients")
                               else 3 * len(dec.get("figure_heads") or []))
+    n_samples = int(ex["n_samples"])
+    # the stores already written, listed (a loop over the samples would not end for a huge n_samples)
     root = Path(config["results"]) / model["name"] / "attention"
-    todo = sum(not (root / f"sample{i}.zarr" / "zarr.json").exists() for i in range(int(ex["n_samples"])))
-    return todo * (attention + decomposed)
+    done = sum(1 for p in (root.iterdir() if root.is_dir() else ())
+               if (i := _sample_index(p.name)) is not None and i < n_samples and (p / "zarr.json").exists())
+    return (n_samples - done) * (attention + decomposed)
+
+
+def _sample_index(name: str) -> int | None:
+    """i of an attention store's folder name `sample<i>.zarr` (as the workflow writes i); None for
+    another name."""
+    m = re.fullmatch(r"sample(0|[1-9][0-9]*)\.zarr", name)
+    return int(m.group(1)) if m else None
 
 
 def disk_problem(config: dict) -> str | None:
@@ -435,6 +512,7 @@ def check_config(config: dict) -> None:
             problem = adapter(m).prune_problem(m, i)
         if problem:
             raise ConfigError(problem)
+        _check_held_out_texts(config, m, i)
         if m["extract"].get("compute_dtype") == "float16" and config.get("device") == "cpu":
             raise ConfigError(f"models[{i}].extract.compute_dtype: float16 runs on a GPU only, and device is cpu; "
                               "allowed: float32 or bfloat16 on the CPU")
@@ -446,6 +524,12 @@ def check_config(config: dict) -> None:
         crop = m["extract"].get("crop")
         if crop and not crop[0] < crop[1]:
             raise ConfigError(f"{where}.extract.crop: start {crop[0]} must be below stop {crop[1]}")
+        uncropped = adapter(m).n_tokens(m)
+        if crop and uncropped is not None and crop[0] >= uncropped:
+            # the window would hold no token (n_tokens negative), and the top_k checks would
+            # then name the wrong key
+            raise ConfigError(f"{where}.extract.crop: start {crop[0]} is beyond the model's {uncropped} tokens; "
+                              f"allowed: start in 0..{uncropped - 1}, below stop")
         n = n_tokens(m)
         units = n_units(m)
         for key, size in (("layers", units and units[0]), ("heads", units and units[1])):
@@ -477,6 +561,24 @@ def check_config(config: dict) -> None:
                 except ValueError as exc:
                     raise ConfigError(f"decompose.figure_heads: {exc}") from None
     _check_coarse_coefficients(config)
+
+
+def _check_held_out_texts(config: dict, model: dict, index: int) -> None:
+    """`prune.held_out.texts` (the model's own, or the top-level one) of a model the prune stage
+    runs for holds texts: it is an input of the model's prune rule, so a missing file would stop
+    the workflow's planning naming the file and no key, and a malformed one its prune job."""
+    from .data.prompts import read_texts
+
+    settings, top = prune_settings(config, model), config["prune"]["held_out"]
+    held_out = settings["held_out"]
+    if not held_out.get("texts") or not settings["enabled"] or not adapter(model).prunes:
+        return
+    own = (held_out.get("texts"), held_out.get("field")) != (top.get("texts"), top.get("field"))
+    key = f"models[{index}] ({model['name']}).prune.held_out.texts" if own else "prune.held_out.texts"
+    try:
+        read_texts(str(held_out["texts"]), held_out.get("field"), key=key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_coarse_coefficients(config: dict) -> None:
