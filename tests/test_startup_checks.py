@@ -4,6 +4,7 @@ corpus' long-enough texts against extract.n_samples; malformed GGUF headers as o
 that allocate nothing in proportion to the numbers they claim."""
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import struct
@@ -224,8 +225,10 @@ def test_too_many_samples_fail_prepare_data_once_writing_nothing(corpus_meta, tm
     _, model, meta, _ = corpus_meta
     n = meta["candidates"]["count"] + 1
     with pytest.raises(ValueError) as err:
-        prepare_data("hf", model["data"], tmp_path / "d.npz", tmp_path / "m.json", model=model, n_samples=n)
-    assert f"(minilm).extract.n_samples: {n} samples requested but only {n - 1} texts" in str(err.value)
+        prepare_data("hf", model["data"], tmp_path / "d.npz", tmp_path / "m.json", model=model, n_samples=n,
+                     where="models[2] (minilm)")
+    assert str(err.value).startswith(f"models[2] (minilm).extract.n_samples: {n} samples requested but only "
+                                     f"{n - 1} texts")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -347,3 +350,25 @@ def _npz(path, member: bytes) -> None:
 
     with zipfile.ZipFile(path, "w") as z:  # stored, not compressed: the member's data cut
         z.writestr("probs.npy", member)
+
+
+@pytest.mark.workflow
+def test_a_run_asking_more_texts_than_the_corpus_has_fails_once_in_prepare_data(tmp_path, corpus_meta):
+    """minilm at 256 tokens, one sample more than the corpus has: the run stops in its prepare_data
+    job with the line naming the key, once, before any extract job runs, and writes no data."""
+    from wfutil import TINY, snakemake
+
+    count = corpus_meta[2]["candidates"]["count"]
+    minilm = copy.deepcopy(next(m for m in TINY["models"] if m.get("path") == "minilm"))
+    minilm["extract"].update(max_length=256, n_samples=count + 1)
+    minilm.pop("stability", None)
+    config = {**copy.deepcopy(TINY), "models": [minilm], "prune": {"enabled": False}}
+    proc = snakemake(tmp_path, config, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    name = minilm["name"]
+    line = f"models[0] ({name}).extract.n_samples: {count + 1} samples requested but only {count} texts"
+    assert line in (tmp_path / "results" / "logs" / name / "prepare_data.log").read_text()
+    assert "Error in rule prepare_data" in text and "Error in rule extract" not in text
+    assert not list((tmp_path / "results").rglob("attention/*.zarr"))
+    assert not (tmp_path / "results" / name / "data" / "meta.json").exists()

@@ -13,14 +13,15 @@ __all__ = ["prepare_data"]
 
 
 def prepare_data(kind: str, data: dict, out_npz, out_meta, data_root="resources", *, model: dict | None = None,
-                 n_samples: int | None = None) -> None:
+                 n_samples: int | None = None, where: str | None = None) -> None:
     """Build a model's dataset: token-id splits and vocabulary, images, or held-out texts, as
     the adapter of `kind` (`models.kinds`) makes it from the `data` config slice.
 
     With the `model` config entry, the candidate samples only the data can tell (a corpus'
     texts long enough for the model's tokenizer: `ModelKind.count_candidates`) are counted
     once and recorded in the meta as `candidates`; `n_samples` more than them is a ValueError
-    naming the key, before anything is written and before any extract job runs."""
+    naming the key (`where`: the model's place in the config, "models[i] (name)"), before anything
+    is written and before any extract job runs."""
     adapter = adapter_for(kind)
     arrays, meta = adapter.prepare_data(data, data_root)
     if model is not None:
@@ -30,7 +31,8 @@ def prepare_data(kind: str, data: dict, out_npz, out_meta, data_root="resources"
             meta["candidates"] = {**counted, "data": canonical(data)}
             log.info("%d candidate samples: %s", counted["count"], counted["what"])
             if n_samples is not None and n_samples > counted["count"]:
-                raise ValueError(f"models ({model['name']}).extract.n_samples: {n_samples} samples requested but only "
+                raise ValueError(f"{where or 'models (' + model['name'] + ')'}.extract.n_samples: {n_samples} samples "
+                                 "requested but only "
                                  f"{counted['count']} {counted['what']}; allowed: 1..{counted['count']}, or a "
                                  "shorter extract.max_length")
     save_npz(out_npz, **arrays)
