@@ -491,8 +491,9 @@ def disk_problem(config: dict) -> str | None:
         return None
     big = max(planned, key=planned.get)
     i = [m["name"] for m in config["models"]].index(big)
-    return (f"models[{i}] ({big}).extract: the attention and decomposed stores still to be written take about "
-            f"{total / 1e9:.1f} GB ({big}: {planned[big] / 1e9:.1f} GB, samples x tokens² x stored heads), "
+    return (f"models[{i}] ({big}).extract: the attention and decomposed stores still to be written take up to "
+            f"{total / 1e9:.1f} GB uncompressed ({big}: {planned[big] / 1e9:.1f} GB, samples x tokens² x stored "
+            "heads), "
             f"{free / 1e9:.1f} GB are free under {where}; lower extract.n_samples or extract.max_length, set "
             "extract.dtype: float16, keep fewer extract.layers / extract.heads, or free space (check_disk: false "
             "skips this check)")
