@@ -322,7 +322,7 @@ def load_hf(path_or_name: str, device: str | torch.device | None = None, dtype: 
     (scores and probabilities); others get plain eager attention (probabilities only).
     Returns (model, tokenizer).
     """
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise ValueError(f"path_or_name: expected a path or model name, got {type(path_or_name).__name__}")

@@ -146,7 +146,9 @@ def organized2d_stores(wildcards):
 
 def shown_stores(pattern):
     """Input function: the stores of `pattern` of the samples a model's explorer page shows."""
-    return lambda wildcards: [pattern.format(model=wildcards.model, sample=i) for i in explorer_samples_of(wildcards.model)]
+    return lambda wildcards: [
+        pattern.format(model=wildcards.model, sample=i) for i in explorer_samples_of(wildcards.model)
+    ]
 
 
 # what the organize2d rules read of the config: the heads the explorer shows in 2-D
