@@ -255,6 +255,10 @@ def _local_model(path: str, gguf_file: str | None) -> tuple[Path, Path | None] |
     return (d, d / gguf_file) if (d / gguf_file).is_file() else None
 
 
+def _gguf_architecture(f: Path) -> str | None:
+    return gguf_metadata(f, ["general.architecture"]).get("general.architecture")
+
+
 def hf_layout(path: str, gguf_file: str | None = None, stack: str | None = None) -> HFLayout | None:
     """Layers and heads of a local model (config.json, or the GGUF file's header), without
     loading it; None when they cannot be read here (a hub id, an unusual config). `stack`
@@ -266,7 +270,7 @@ def hf_layout(path: str, gguf_file: str | None = None, stack: str | None = None)
         return None
     d, f = local
     if f is not None:
-        arch = gguf_metadata(f, ["general.architecture"]).get("general.architecture")
+        arch = _gguf_architecture(f)
         if not arch:
             return None
         keys = [f"{arch}.block_count", f"{arch}.attention.head_count", f"{arch}.attention.head_count_kv"]
@@ -302,7 +306,7 @@ def hf_max_positions(path: str, gguf_file: str | None = None) -> tuple[int, str]
         return None
     d, f = local
     if f is not None:
-        arch = gguf_metadata(f, ["general.architecture"]).get("general.architecture")
+        arch = _gguf_architecture(f)
         key = f"{arch}.context_length"
         n = gguf_metadata(f, [key]).get(key) if arch and arch != "t5" else None
         return (n, f"{f} {key}") if isinstance(n, int) and n > 0 else None

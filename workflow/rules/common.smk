@@ -140,10 +140,6 @@ def shown_batched_pattern(k):
     return name_pattern(sorted(n for n in BATCHED if n in MODELS and len(explorer_samples_of(n)) == k))
 
 
-def organized2d_stores(wildcards):
-    return [ORGANIZED_2D.format(model=wildcards.model, sample=i) for i in explorer_samples_of(wildcards.model)]
-
-
 def shown_stores(pattern):
     """Input function: the stores of `pattern` of the samples a model's explorer page shows."""
     return lambda wildcards: [
@@ -481,7 +477,7 @@ def explorer_inputs(wildcards):
             "attention": shown_stores(ATTENTION)(wildcards),
             "organized": shown_stores(ORGANIZED)(wildcards),
             "decomposed": shown_stores(DECOMPOSED)(wildcards),
-            "organized2d": organized2d_stores(wildcards),
+            "organized2d": shown_stores(ORGANIZED_2D)(wildcards),
         }
     else:
         inputs = {
