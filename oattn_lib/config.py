@@ -20,7 +20,8 @@ from .units import resolve_unit
 __all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
            "softmax_free_bases", "stability_samples", "explorer_parts",
-           "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates"]
+           "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES",
+           "plan_problem"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -88,6 +89,9 @@ def _coerce_scalar(value, types: set[str]):
             except ValueError:
                 return value
             return int(f) if math.isfinite(f) and f.is_integer() else value
+        if "integer" in types and types <= {"integer", "string"} and _INT.match(text):
+            # `n_samples: 20` inside a --config mapping arrives as "20": a count, or `all`
+            return int(text)
         if types == {"number"}:
             try:
                 f = float(text)
@@ -198,6 +202,9 @@ def validate_config(config: dict, schema_path: str) -> None:
     _complete_model_prune(config, schema)
     _check_paths(config)
     _resolve_n_samples(config)
+    problem = plan_problem(config)
+    if problem:
+        raise ConfigError(problem)
     check_config(config)
     if config["check_disk"]:
         problem = disk_problem(config)
@@ -464,6 +471,39 @@ def planned_store_bytes(config: dict, model: dict) -> int:
     done = sum(1 for p in (root.iterdir() if root.is_dir() else ())
                if (i := _sample_index(p.name)) is not None and i < n_samples and (p / "zarr.json").exists())
     return (n_samples - done) * (attention + decomposed)
+
+
+MAX_PLANNED_SAMPLES = 200_000
+"""The most samples one configuration may plan, over every model and softmax-free run: Snakemake
+plans three to four jobs a sample at about 2 ms each (10,000 samples: about a minute), so a
+count beyond this would keep `snakemake -n` busy for hours before saying anything."""
+
+
+def plan_problem(config: dict) -> str | None:
+    """Why the run's samples are too many to plan (`MAX_PLANNED_SAMPLES`), naming the key that
+    contributes most; None when they are not. Counted without enumerating them: the models'
+    `extract.n_samples`, and the softmax-free runs (models x attentions x `softmax_free.seeds`)
+    times `softmax_free.n_samples`."""
+    counts = {}
+    for i, m in enumerate(config["models"]):
+        n = m["extract"]["n_samples"]
+        counts[f"models[{i}] ({m['name']}).extract.n_samples"] = n if isinstance(n, int) else 0
+    sf = config["softmax_free"]
+    runs = len(softmax_free_bases(config)) * (1 + len(sf["variants"])) * sf["seeds"]
+    if runs:
+        counts["softmax_free.seeds"] = runs * sf["n_samples"]
+    total = sum(counts.values())
+    if total <= MAX_PLANNED_SAMPLES and runs <= MAX_PLANNED_SAMPLES:
+        return None
+    key = max(counts, key=counts.get)
+    if key == "softmax_free.seeds":
+        what = (f"softmax_free.seeds: {sf['seeds']:,} seeds x {runs // sf['seeds']} (model, attention) runs x "
+                f"softmax_free.n_samples {sf['n_samples']} = {counts[key]:,} samples")
+    else:
+        what = f"{key}: {counts[key]:,} samples"
+    return (f"{what}; the run would plan {total:,} samples in all, and at most {MAX_PLANNED_SAMPLES:,} can be "
+            "planned (Snakemake plans 3-4 jobs a sample at about 2 ms each); lower it, or split the samples "
+            "over several configurations with their own results folders")
 
 
 def _sample_index(name: str) -> int | None:

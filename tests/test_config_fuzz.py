@@ -390,8 +390,10 @@ def test_validation_accepts_or_stops_with_one_line_naming_a_key(config, files):
     # a NUL character: ValueError (embedded null byte), whose message named no key
     (lambda c: c["models"][2]["data"].update(texts="a\x00b"), "models[2].data.texts: 'a\\x00b' cannot name a file"),
     (lambda c: c.update(prune={"held_out": {"texts": "a\x00b"}}), "prune.held_out.texts: 'a\\x00b'"),
-    # a huge sample count: the disk check looked for every sample's store in turn, without end
-    (lambda c: c["models"][0]["extract"].update(n_samples=10**12), "models[0] (txl).extract: the attention and"),
+    # a huge sample count: the disk check looked for every sample's store in turn, without end; now
+    # the count of samples to plan stops it first
+    (lambda c: c["models"][0]["extract"].update(n_samples=10**12),
+     "models[0] (txl).extract.n_samples: 1,000,000,000,000 samples"),
     # YAML's .nan and .inf passed every bound of the schema: accepted, and computed with for hours
     (lambda c: c["organize"].update(alpha=float("nan")), "organize.alpha: nan is not a finite number"),
     (lambda c: c["models"][0]["train"].update(lr=float("inf")), "models[0].train.lr: inf is not a finite number"),

@@ -372,3 +372,90 @@ def test_a_run_asking_more_texts_than_the_corpus_has_fails_once_in_prepare_data(
     assert "Error in rule prepare_data" in text and "Error in rule extract" not in text
     assert not list((tmp_path / "results").rglob("attention/*.zarr"))
     assert not (tmp_path / "results" / name / "data" / "meta.json").exists()
+
+
+# -- sample counts that no plan could hold -------------------------------------------------------------
+@pytest.mark.parametrize("edit, expect", [
+    (lambda c: c["models"][0]["extract"].update(n_samples=10 ** 12, dtype="float16"),
+     "models[0] (txl-tiny).extract.n_samples: 1,000,000,000,000 samples"),
+    (lambda c: c.update(softmax_free={"seeds": 10 ** 12}), "softmax_free.seeds: 1,000,000,000,000 seeds"),
+    (lambda c: c.update(softmax_free={"n_samples": 10 ** 12}), "softmax_free.seeds: 3 seeds x"),
+])
+def test_a_plan_of_more_samples_than_can_be_planned_is_one_line_at_start_up(config, edit, expect):
+    config["check_disk"] = False
+    assert_one_line_error(config, edit, expect)
+
+
+def test_the_plan_limit_counts_every_model_and_run(config):
+    from oattn_lib.config import MAX_PLANNED_SAMPLES, plan_problem, softmax_free_bases
+
+    validate_config(config, SCHEMA)
+    sf = config["softmax_free"]
+    runs = len(softmax_free_bases(config)) * (1 + len(sf["variants"])) * sf["seeds"]
+    assert runs > 0
+    others = sum(m["extract"]["n_samples"] for m in config["models"][1:])
+    # up to the limit exactly, then one more sample of the first model
+    config["models"][0]["extract"]["n_samples"] = MAX_PLANNED_SAMPLES - others - runs * sf["n_samples"]
+    assert plan_problem(config) is None
+    config["models"][0]["extract"]["n_samples"] += 1
+    assert f"would plan {MAX_PLANNED_SAMPLES + 1:,} samples in all" in plan_problem(config)
+
+
+def test_a_count_given_as_a_string_on_the_command_line_is_a_count(config):
+    # `--config models='[{..., extract: {n_samples: 20}}]'` delivers "20"; `all` stays a word
+    config["models"][0]["extract"]["n_samples"] = "7"
+    config["models"][0]["stability"] = {"samples": "2"}
+    config["models"][1]["extract"]["n_samples"] = " 4 "
+    validate_config(config, SCHEMA)
+    assert config["models"][0]["extract"]["n_samples"] == 7 and config["models"][1]["extract"]["n_samples"] == 4
+    assert config["models"][0]["stability"]["samples"] == 2
+
+
+# -- operating-system errors on the user's paths, through the library's own entry points ----------------
+def _too_long(tmp_path):
+    return tmp_path / ("x" * 300) / "a"  # a name over 255 bytes: `exists` raises, not "not found"
+
+
+def test_os_errors_on_the_users_paths_are_one_line_naming_the_path(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from oattn_lib.data.attention_files import AttentionFileError, describe
+    from oattn_lib.data.prompts import read_texts
+    from oattn_lib.models.files import hf_path_problem
+
+    bad = _too_long(tmp_path)
+    with pytest.raises(AttentionFileError, match="File name too long") as err:
+        describe(bad)
+    assert "x" * 300 in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"^data\.texts: .*File name too long"):
+        read_texts(bad)
+    assert "File name too long" in hf_path_problem(str(bad))
+    # permission denied (the tests run as root, who may read anything: raised where the listing is made)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "a.npy").write_bytes(b"")
+    real = Path.iterdir
+
+    def iterdir(self):
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    with pytest.raises(AttentionFileError, match=f"^{locked}: Permission denied$"):
+        describe(locked)
+    with pytest.raises(ValueError, match="^prompts: .*locked: Permission denied$"):
+        read_texts(locked, key="prompts")
+
+
+def test_an_attention_source_at_the_root_lists_only_the_roots_entries(monkeypatch):
+    from pathlib import Path
+
+    from oattn_lib.data.attention_files import AttentionFileError, describe
+
+    def rglob(self, pattern):
+        raise AssertionError(f"walked {self}")
+
+    monkeypatch.setattr(Path, "rglob", rglob)
+    with pytest.raises(AttentionFileError, match="^/: the directory holds no attention file"):
+        describe("/")
