@@ -326,12 +326,15 @@ def source_files(path) -> list[Path]:
     """The files (and zarr stores) of an attention source, in sample order: the file or store
     itself, or a directory's entries of the formats read (`SUFFIXES`), sorted by name."""
     path = Path(path)
-    if not path.exists():
-        raise _fail(path, "no such file or directory")
-    if not path.is_dir() or _is_zarr(path):
-        return [path]
-    entries = sorted(p for p in path.iterdir() if not p.name.startswith(".")
-                     and p.suffix.lower() in SUFFIXES and (p.is_file() or _is_zarr(p)))
+    try:
+        if not path.exists():
+            raise _fail(path, "no such file or directory")
+        if not path.is_dir() or _is_zarr(path):
+            return [path]
+        entries = sorted(p for p in path.iterdir() if not p.name.startswith(".")
+                         and p.suffix.lower() in SUFFIXES and (p.is_file() or _is_zarr(p)))
+    except OSError as exc:
+        raise _os_problem(path, exc) from None
     if not entries:
         raise _fail(path, f"the directory holds no attention file ({', '.join(SUFFIXES)})")
     return entries
@@ -452,13 +455,26 @@ def _layer_mask(h: _Header) -> bool:
 
 
 def _signature(path: Path) -> tuple:
-    """What `describe`'s cache is keyed by: every file's path, size and modification time."""
+    """What `describe`'s cache is keyed by: the path, size and modification time of every file
+    the source is read from (`source_files`; a zarr store's own files), nothing else below a
+    directory (a source at `/` lists only `/`'s entries). Empty where the source is unreadable:
+    `describe` then names the problem."""
+    try:
+        entries = source_files(path)
+    except ValueError:
+        return ()
     out = []
-    for p in [path] if path.is_file() else sorted(path.rglob("*")) if path.exists() else []:
-        if p.is_file():
-            st = p.stat()
-            out.append((str(p), st.st_size, st.st_mtime_ns))
+    for e in entries:
+        for p in sorted(e.rglob("*")) if e.is_dir() else [e]:
+            if p.is_file():
+                st = p.stat()
+                out.append((str(p), st.st_size, st.st_mtime_ns))
     return tuple(out)
+
+
+def _os_problem(path: Path, exc: OSError) -> AttentionFileError:
+    """An operating-system error on the source (permission, a name too long) as one line naming it."""
+    return _fail(exc.filename or path, exc.strerror or str(exc))
 
 
 def describe(path, quantity_in_file: str = "probs") -> AttentionFiles:
@@ -468,7 +484,10 @@ def describe(path, quantity_in_file: str = "probs") -> AttentionFiles:
     if quantity_in_file not in QUANTITIES:
         raise ValueError(f"quantity_in_file: {quantity_in_file!r}; allowed: {', '.join(QUANTITIES)}")
     p = Path(path)
-    return _describe(str(p), quantity_in_file, _signature(p))
+    try:
+        return _describe(str(p), quantity_in_file, _signature(p))
+    except OSError as exc:
+        raise _os_problem(p, exc) from None
 
 
 @lru_cache(maxsize=16)
@@ -527,7 +546,10 @@ def checked(path, quantity_in_file: str = "probs") -> AttentionFiles:
     files are unchanged (the config checks, the rules and the extract job ask several times)."""
     describe(path, quantity_in_file)
     p = Path(path)
-    return _checked(str(p), quantity_in_file, _signature(p))
+    try:
+        return _checked(str(p), quantity_in_file, _signature(p))
+    except OSError as exc:
+        raise _os_problem(p, exc) from None
 
 
 # -- one sample -------------------------------------------------------------------------------

@@ -100,6 +100,13 @@ def read_texts(path, field: str | None = None, key: str = "data.texts") -> list[
     no text, or a line, file or row is malformed; blank texts count as none.
     """
     p = Path(path)
+    try:
+        return _read_texts(p, field, key)
+    except OSError as exc:  # permission, a name too long: `exists` swallows only "not found"
+        raise ValueError(f"{key}: {exc.filename or p}: {exc.strerror or exc}") from None
+
+
+def _read_texts(p: Path, field: str | None, key: str) -> list[str]:
     if not p.exists():
         raise ValueError(f"{key}: {p} does not exist")
     form = texts_form(p)

