@@ -29,7 +29,7 @@ def _entropy(path, n_s):
     ds = xr.Dataset({"head_entropy": (("sample", "layer", "head"), e),
                      **{k: ("sample", np.ones(n_s)) for k in (
                          "network_entropy", "network_sparsity", "network_sparsity_random", "network_l1",
-                         "network_l1_random")}},
+                         "network_l1_random", "network_sparsity_natural", "network_l1_natural", "network_l2")}},
                     coords={"sample": np.arange(n_s), "layer": np.arange(3), "head": np.arange(4)})
     store.write_store(ds, path)
     return path

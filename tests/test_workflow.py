@@ -10,6 +10,7 @@ import copy
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import xarray as xr
@@ -67,7 +68,6 @@ def test_training_learned_something(run):
 
 
 def test_tables_have_expected_rows(run):
-    import pandas as pd
     from sklearn.metrics import adjusted_rand_score
     for model, n_units in (("txl", 4), ("vit", 4), ("lm", 72)):
         t1 = pd.read_csv(run / "results" / model / "tables" / "table1.csv")
@@ -240,6 +240,19 @@ def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
         assert ent["network_sparsity"].values[i] == pytest.approx(network_sparsity(X, org), rel=1e-5)
         # the organized trees beat random trees on the sparsity the paper reports
         assert ent["network_l1"].values[i] < ent["network_l1_random"].values[i]
+        # the natural-order baseline is the expansion on balanced trees over the tokens and heads as
+        # they come (not a permutation of them), and the scale-free entropy divides by ||X||_F
+        from oattn_lib.entropy import l1_over_l2
+        from oattn_lib.trees import balanced_tree
+
+        cn = np.asarray(trihaar(X.astype(np.float64), *(balanced_tree(np.arange(n)) for n in X.shape)))
+        assert ent["network_sparsity_natural"].values[i] == pytest.approx(float(l1_over_l2(cn.reshape(-1), 0)),
+                                                                         rel=1e-4)
+        assert ent["network_l1_natural"].values[i] == pytest.approx(np.abs(cn).sum(), rel=1e-4)
+        assert ent["network_l2"].values[i] == pytest.approx(np.linalg.norm(X.astype(np.float64)), rel=1e-5)
+        t2 = pd.read_csv(res / "tables" / "table2.csv")
+        assert t2["network_entropy_scale_free"][i] == pytest.approx(
+            ent["network_entropy"].values[i] / np.linalg.norm(X.astype(np.float64)), rel=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")

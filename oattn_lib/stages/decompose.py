@@ -16,7 +16,7 @@ from ..haar import bihaar, haar_basis, trihaar
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
-from ..trees import padded_labels, random_tree
+from ..trees import balanced_tree, padded_labels, random_tree
 from ..units import resolve_unit
 from .common import each_sample, head_array, load_organization, model_mask, read_network
 
@@ -74,8 +74,13 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         rand_l1.append(l1_norm(cr))
         rand_ratio.append(float(l1_over_l2(cr.reshape(-1), 0)))
         del cr
-    log.info("decompose %s: random-tree baselines (%d seeds), %.0f s", tuple(a.shape), random_tree_seeds,
-             time.perf_counter() - t)
+    # the natural-order baseline: the same balanced trees over the tokens and heads in their own
+    # order, which keeps locality and changes only the trees' shape (docs/method.md §6.3)
+    cn = trihaar(xv, *(balanced_tree(np.arange(n)) for n in xv.shape))
+    natural_l1, natural_ratio = l1_norm(cn), float(l1_over_l2(cn.reshape(-1), 0))
+    del cn
+    log.info("decompose %s: random-tree baselines (%d seeds) and the natural order's, %.0f s", tuple(a.shape),
+             random_tree_seeds, time.perf_counter() - t)
     t = time.perf_counter()
     c2 = bihaar(xv, org.tree_q, org.tree_k)
     c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h)
@@ -136,6 +141,8 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
          "network_l1": ((), network_l1),
          "network_l1_random": ((), float(np.mean(rand_l1))),
          "network_sparsity_random": ((), float(np.mean(rand_ratio))),
+         "network_l1_natural": ((), natural_l1),
+         "network_sparsity_natural": ((), natural_ratio),
          "diffusion_coords": (("unit", "component"), np.asarray(dm.coords, dtype=np.float32)),
          "diffusion_eigenvalues": ("eig", np.asarray(dm.eigenvalues, dtype=np.float64)),
          **{f"fig_{k}": (fh, np.stack(v).astype(np.float32)) for k, v in fig.items()},
@@ -155,8 +162,8 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     if no_scores:
         out_ds.attrs["paraproduct_not_run"] = no_scores
     store.write_store(out_ds, out)
-    log.info("decomposed: network l1 %.4g (random trees %.4g); paraproduct residual %s (unorganized %s)",
-             out_ds["network_l1"].item(), out_ds["network_l1_random"].item(),
+    log.info("decomposed: network l1 %.4g (random trees %.4g, natural order %.4g); paraproduct residual %s "
+             "(unorganized %s)", out_ds["network_l1"].item(), out_ds["network_l1_random"].item(), natural_l1,
              np.round(rel, 4).tolist(), np.round(rel_unorg, 4).tolist())
 
 

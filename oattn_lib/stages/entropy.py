@@ -53,6 +53,8 @@ def coarsest_kept(ds, path, expansion: str, top_k: int, key: str) -> np.ndarray:
 # what the entropy stage reads of a decomposed store
 NEEDED = ("bihaar_coarse", "trihaar_coarse", "bihaar_level_l1", "bihaar_level_l2sq", "trihaar_level_l1",
           "trihaar_level_l2sq")
+BASELINES = ("network_l1", "network_l1_random", "network_sparsity_random", "network_l1_natural",
+             "network_sparsity_natural")
 
 
 def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
@@ -60,13 +62,13 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
     """Per-head and per-network l1 entropies and sparsity for every sample (docs/method.md §6),
     from the coarsest coefficients and the level sums the decompose stage keeps (§6.6)."""
     rows = {k: [] for k in ("head_entropy", "head_sparsity", "network_entropy", "network_sparsity",
-                            "network_l1", "network_l1_random", "network_sparsity_random", "head_top_k",
-                            "network_top_k")}
+                            "network_l1", "network_l1_random", "network_sparsity_random", "network_l1_natural",
+                            "network_sparsity_natural", "network_l2", "head_top_k", "network_top_k")}
     first = None
     for path in decomposed_stores:
         # lazily: only the kept prefix is read (every coefficient of a store that keeps them
         # is 1.1 GB each of bi- and tri-Haar at 270 heads x 1024 tokens)
-        ds = store.read_store(path, require=NEEDED, lazy=True)
+        ds = store.read_store(path, require=NEEDED + BASELINES, lazy=True)
         if first is None:
             first = {"attrs": dict(ds.attrs), "unit_layer": ds["unit_layer"].values,
                      "unit_head": ds["unit_head"].values}
@@ -87,8 +89,11 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
         rows["head_sparsity"].append(ratio_of_sums(lv["bihaar_level_l1"], lv["bihaar_level_l2sq"], (0, 1)))
         rows["network_sparsity"].append(float(ratio_of_sums(lv["trihaar_level_l1"], lv["trihaar_level_l2sq"],
                                                             (0, 1, 2))))
-        for k in ("network_l1", "network_l1_random", "network_sparsity_random"):
-            rows[k].append(float(ds[k].values))
+        # the l2 norm of every tri-Haar coefficient is the tensor's Frobenius norm (an orthonormal
+        # basis): what a scale-free network entropy divides by (docs/method.md §6.4)
+        rows["network_l2"].append(float(np.sqrt(lv["trihaar_level_l2sq"].sum(dtype=np.float64))))
+        for k in BASELINES:
+            rows[k].append(float(store.load_variable(ds, k, path, finite=True)))
     n_s = len(decomposed_stores)
     # the (layer, head) grid of the stored heads: the model's indices as coordinates (a
     # subset of layers or heads, extract.layers / extract.heads, gives a smaller grid)

@@ -96,7 +96,8 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
     `out_head_tree_csv`) and Table 2 (network entropy). With a `stability_store`, each count,
     recurrence and network number also gets its range over the replicates and the recurrence its
     bootstrap interval over samples (docs/method.md §14)."""
-    ds = store.read_store(entropy_store, require=("head_entropy", "network_entropy"))
+    ds = store.read_store(entropy_store, require=("head_entropy", "network_entropy", "network_l2",
+                                                  "network_sparsity_natural"))
     e = ds["head_entropy"].values  # (sample, layer, head)
     n_s, n_layer, n_head = e.shape
     layers, heads = ds["layer"].values, ds["head"].values
@@ -129,8 +130,11 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
                        "network_entropy": ds["network_entropy"].values,
                        "network_sparsity": ds["network_sparsity"].values,
                        "network_sparsity_random_trees": ds["network_sparsity_random"].values,
+                       "network_sparsity_natural_trees": ds["network_sparsity_natural"].values,
+                       "network_entropy_scale_free": ds["network_entropy"].values / ds["network_l2"].values,
                        "network_l1": ds["network_l1"].values,
-                       "network_l1_random_trees": ds["network_l1_random"].values})
+                       "network_l1_random_trees": ds["network_l1_random"].values,
+                       "network_l1_natural_trees": ds["network_l1_natural"].values})
     note1 = (f"\n\nSet size k = {ext['k']} of {n_layer * n_head} heads per sample. Bottom-{fraction:.0%} "
              f"Jaccard stability across {n_s} samples: mean {stability:.3f} "
              f"(min {off.min() if off.size else float('nan'):.3f}).\n")
@@ -147,7 +151,11 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
             (t1, out_table1_csv, out_table1_md, note1),
             (t2, out_table2_csv, out_table2_md,
              "\n\nnetwork_entropy: sum of the |coefficients| of the coarsest tri-Haar functions (the "
-             "paper's measure); network_sparsity: l1/l2 of all tri-Haar coefficients (lower is sparser), "
-             "beside the same under random trees.\n")):
+             "paper's measure), in the units of the analysed quantity (logits or probabilities); "
+             "network_entropy_scale_free: the same divided by the l2 norm of every coefficient (the tensor's "
+             "Frobenius norm), unchanged when the tensor is scaled, so that models analysing different "
+             "quantities can be compared; network_sparsity: l1/l2 of all tri-Haar coefficients (lower is "
+             "sparser), beside the same under two baselines: balanced trees over a random order of the tokens and "
+             "heads (random_trees) and over their natural order (natural_trees, which keeps locality).\n")):
         store.atomic_write_text(csv, df.to_csv(index=False))
         store.atomic_write_text(md, df.to_markdown(index=False, floatfmt=".4g") + note)
