@@ -117,6 +117,12 @@ def attention_stores(wildcards):
     return [ATTENTION.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
 
 
+def theorem1_attention(wildcards):
+    """The attention stores the theorem1 job measures: the first theorem1.samples."""
+    k = config["theorem1"]["samples"]
+    return [ATTENTION.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)[:k]]
+
+
 def decomposed_stores(wildcards):
     return [DECOMPOSED.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)]
 
@@ -431,6 +437,10 @@ def summary_inputs(wildcards):
         inputs[f"table2csv_{name}"] = f"{R}/{name}/tables/table2.csv"
         inputs[f"entropy_{name}"] = ENTROPY.format(model=name)
         inputs[f"temperature_{name}"] = f"{R}/{name}/figures/temperature.json"
+        inputs[f"theorem1_{name}"] = f"{R}/{name}/figures/theorem1.csv"
+        # the claims: Theorem 1's residuals per head-sample, the diffusion map of every sample
+        inputs[f"temperaturecsv_{name}"] = f"{R}/{name}/figures/temperature.csv"
+        inputs[f"decomposed_{name}"] = [DECOMPOSED.format(model=name, sample=i) for i in samples(name)]
         if name in STABLE:
             inputs[f"stability_{name}"] = STABILITY.format(model=name)
             inputs[f"stabilitymd_{name}"] = f"{R}/{name}/tables/stability.md"
@@ -438,6 +448,7 @@ def summary_inputs(wildcards):
             inputs[f"table3_{name}"] = f"{R}/{name}/tables/table3.md"
             inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"
             inputs[f"table3csv_{name}"] = f"{R}/{name}/tables/table3.csv"
+            inputs[f"curves_{name}"] = f"{R}/{name}/prune/curves.csv"
     return inputs
 
 

@@ -42,3 +42,31 @@ rule figures:
         code=code_version("figures"),
     script:
         "../../scripts/figures.py"
+
+
+# Theorem 1 and Corollary 1 on every head of the first samples (or a seeded random subset per
+# sample): each head's 2-D organized order against its original order and random orders. The
+# claims read its table. Its work per head is the figures' temperature work (a 2-D questionnaire and
+# a few paraproducts of one head), so it asks for what a figures job asks.
+rule theorem1:
+    input:
+        attention=theorem1_attention,
+        kernels=KERNELS,
+    output:
+        csv=f"{R}/{{model}}/figures/theorem1.csv",
+    log:
+        f"{R}/logs/{{model}}/theorem1.log",
+    benchmark:
+        f"{R}/benchmarks/{{model}}/theorem1.tsv"
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
+    resources:
+        **analysis_resources("figures"),
+    params:
+        theorem1=config["theorem1"],
+        questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
+        analysis=analysis_params,
+        code=code_version("theorem1"),
+    script:
+        "../../scripts/theorem1.py"

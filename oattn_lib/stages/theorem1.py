@@ -1,0 +1,81 @@
+"""Stage `theorem1`: Theorem 1 and Corollary 1 measured on every head (docs/method.md §7.7).
+
+The temperature figure follows the figure heads; the claims need more than two heads. For each
+of the first `samples` samples, every stored head (or a random `max_heads` of them, drawn per
+sample with `seed`, where a model has more) is organized by its own 2-D questionnaire (§5.3)
+and its pre-softmax scores measured at the model's temperature in three kinds of order: the
+2-D organized one, the original (the tokens' own order) and `random_orders` random ones. Each
+row gives the paraproduct's relative residual (§7.6), the Corollary 1 approximation's, and the
+Hölder-type exponents of the softmax and of the paraproduct's residual from their Haar
+coefficient decay (§7.7). Causal heads are compared with the model's own masked softmax (§7.5).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pandas as pd
+
+from .. import store
+from ..questionnaire import questionnaire2d
+from ..smoothness import residual_smoothness
+from .common import head_array, model_mask
+
+log = logging.getLogger("oattn")
+
+__all__ = ["COLUMNS", "chosen_heads", "theorem1"]
+
+COLUMNS = ["sample", "layer", "head", "order", "seed", "residual", "corollary1_residual", "alpha_softmax",
+           "alpha_residual"]
+"""The table's columns: `order` is "2-D organized", "original" or "random" (`seed` its index; -1 for
+the other two)."""
+
+
+def chosen_heads(layers, heads, max_heads: int, seed: int, sample: int) -> list[tuple[int, int]]:
+    """The (layer, head) pairs measured in `sample`: all of them, or `max_heads` drawn without
+    replacement by a generator seeded with (seed, sample), in (layer, head) order."""
+    units = [(int(la), int(h)) for la in layers for h in heads]
+    if len(units) <= max_heads:
+        return units
+    pick = np.random.default_rng([seed, sample]).choice(len(units), size=max_heads, replace=False)
+    return [units[i] for i in sorted(pick)]
+
+
+def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int, max_heads: int,
+             random_orders: int, seed: int, questionnaire2d_iters: int, crop=None) -> None:
+    """The Theorem 1 table of one model (module docstring) from its first `samples` attention
+    stores, written to `out_csv`; a store without pre-softmax scores gives a table with no row
+    (its reason in the log: the temperature figure records it for the claims)."""
+    rows = []
+    start = time.perf_counter()
+    chosen = attention_stores[:samples]
+    for s, path in enumerate(chosen):
+        att = store.read_store(path, lazy=True)
+        if "scores" not in att.variables:
+            log.info("theorem1: %s holds no pre-softmax scores: nothing to measure", store.store_path(path))
+            break
+        units = chosen_heads(att["layer"].values, att["head"].values, max_heads, seed, s)
+        for layer, head in units:
+            g = head_array(att, "scores", layer, head, crop, where=path).astype(np.float64)
+            allowed = model_mask(att, layer, head, g, crop)
+            tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
+            rng = np.random.default_rng([seed, s, layer, head])
+            orders = [("2-D organized", -1, tr.order, tc.order), ("original", -1, None, None)]
+            orders += [("random", k, rng.permutation(g.shape[0]), rng.permutation(g.shape[1]))
+                       for k in range(random_orders)]
+            for name, k, r, c in orders:
+                try:
+                    m = residual_smoothness(g, r, c, allowed)
+                    vals = (m.residual, m.corollary1_residual, m.alpha_softmax, m.alpha_residual)
+                except ValueError as exc:  # beyond float64 (docs/method.md §7.4): recorded as not finite
+                    log.info("theorem1: sample %d head %d.%d, %s order: %s", s, layer, head, name, exc)
+                    vals = (np.inf, np.inf, np.nan, np.nan)
+                rows.append(dict(zip(COLUMNS, (s, layer, head, name, k, *(float(v) for v in vals)))))
+        log.info("theorem1: sample %d of %d, %d heads at %d x %d tokens, %.1f s in all", s + 1, len(chosen),
+                 len(units), g.shape[0], g.shape[1], time.perf_counter() - start)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    store.atomic_write_text(out_csv, df.to_csv(index=False))
+    if len(df):
+        med = df.groupby("order")[["residual", "alpha_softmax", "alpha_residual"]].median()
+        log.info("theorem1 %s: medians by order\n%s", model_name, med.to_string())
