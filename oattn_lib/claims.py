@@ -544,7 +544,7 @@ def diffusion_claim(model: str, kind: str, silhouettes, pvalues, paper: str = ""
                 f"{_g(np.median(s))} (range {_g(s.min())}–{_g(s.max())}) over {n} samples, permutation p (vs. "
                 f"{PERMUTATIONS} shuffles of the layer labels) median {np.median(p):.2g}; clustered by layer "
                 f"(silhouette > 0, p < {CLUSTER_P}) in {clustered}/{n} samples; reading tested: {reading}"
-                + ("" if kind in ("txl", "vit") else " (the paper has no map of this kind)"))
+                + ("" if ("diffusion", kind) in PAPER else " (the paper has no map of this kind)"))
     return _claim("diffusion", model, measured, paper, verdict, float(np.median(s)))
 
 

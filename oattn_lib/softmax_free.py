@@ -77,7 +77,7 @@ def run_models(config: dict) -> dict[str, dict]:
                     "arch": {**base["arch"], "attention": attention},
                     "train": {**base["train"], "seed": seed},
                     "extract": {"quantity": sf["quantity"], "n_samples": sf["n_samples"],
-                                **{k: base["extract"][k] for k in ("seed", "dtype", "layers", "heads")}},
+                                **{k: base["extract"][k] for k in ("seed", "dtype", "layers", "heads", "masked")}},
                     "softmax_free": {"model": base["name"], "attention": attention, "seed": seed,
                                      "steps": sf["steps"]}})
     return runs

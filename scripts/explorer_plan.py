@@ -5,4 +5,5 @@ from oattn_lib.stages.explorer_samples import explorer_plan
 setup_logging(snakemake.log[0], snakemake.threads)
 i, p = snakemake.input, snakemake.params
 explorer_plan(snakemake.wildcards.model, list(i.attention), i.organized, i.decomposed, i.entropy, i.organized2d,
-              snakemake.output.plan, **p.analysis, **p.decompose, **p.explorer)
+              snakemake.output.plan, quantity=p.analysis["quantity"], crop=p.analysis["crop"], **p.decompose,
+              **p.explorer)

@@ -87,3 +87,63 @@ def test_bad_input_is_named(written, tmp_path):
     with pytest.raises(store.StoreError, match=r"bad\.zarr.*probs"):
         read_network(tmp_path / "bad.zarr", "probs")
     read_network(tmp_path / "bad.zarr", "scores")  # only the quantity read is checked
+
+
+# -- masked entries (docs/method.md §9.5) ----------------------------------------------------------
+CAUSAL = np.tril(np.ones((N, N), dtype=bool))
+WINDOW = CAUSAL & ~np.tril(np.ones((N, N), dtype=bool), -2)  # the query and the one before it
+
+
+def _masked(tmp_path, from_probs: bool):
+    """Layer 1 causal, layer 3 a window of two keys: given as the store's `allowed` variable, or
+    only as the zeros of every head's probabilities (a store written before `allowed` existed)."""
+    ds = _dataset(kv=False)
+    allowed = np.stack([CAUSAL, WINDOW])
+    if from_probs:
+        ds["probs"] = ds["probs"].where(xr.DataArray(allowed, dims=("layer", "query", "key")), 0.0) + 0
+    else:
+        ds["allowed"] = (("layer", "query", "key"), allowed)
+    path = tmp_path / "masked.zarr"
+    store.write_store(ds, path)
+    return path, allowed
+
+
+@pytest.mark.parametrize("from_probs", [False, True])
+def test_row_mean_sets_each_masked_score_to_its_rows_allowed_mean(tmp_path, from_probs):
+    path, allowed = _masked(tmp_path, from_probs)
+    net, raw = read_network(path, "scores"), read_network(path, "scores", masked="keep")
+    assert net.attrs["masked"] == "row_mean" and raw.attrs["masked"] == "keep" and raw.attrs["masked_filled"] == 0
+    filled = 0
+    for u, layer in enumerate(net.unit_layer):
+        ok = allowed[LAYERS.index(int(layer))]  # each unit its own layer's mask
+        x, r = net.array[:, :, u], raw.array[:, :, u]
+        np.testing.assert_array_equal(x[ok], r[ok])
+        for i in range(N):
+            np.testing.assert_allclose(x[i, ~ok[i]], r[i, ok[i]].mean(), rtol=1e-6)
+        filled += int((~ok).sum())
+    assert net.attrs["masked_filled"] == filled == len(HEADS) * int((~CAUSAL).sum() + (~WINDOW).sum())
+    # the kept scores are the stored ones; probabilities are 0 where masked whatever the rule
+    np.testing.assert_array_equal(raw.array, _dataset(kv=False)["scores"].stack(unit=("layer", "head"))
+                                  .transpose("query", "key", "unit").values)
+    p1, p2 = read_network(path, "probs"), read_network(path, "probs", masked="keep")
+    np.testing.assert_array_equal(p1.array, p2.array)
+    assert p1.attrs["masked"] == "zero" and p1.attrs["masked_filled"] == 0
+
+
+def test_row_mean_of_a_crop_uses_the_cropped_rows(tmp_path):
+    path, allowed = _masked(tmp_path, False)
+    net = read_network(path, "scores", crop=(2, 5))
+    raw = read_network(path, "scores", crop=(2, 5), masked="keep")
+    ok = allowed[0, 2:5, 2:5]
+    x, r = net.array[:, :, 0], raw.array[:, :, 0]
+    for i in range(3):
+        np.testing.assert_allclose(x[i, ~ok[i]], r[i, ok[i]].mean(), rtol=1e-6)
+
+
+def test_an_unmasked_store_is_read_the_same_under_either_rule(written):
+    _, path = written
+    a, b = read_network(path, "scores"), read_network(path, "scores", masked="keep")
+    np.testing.assert_array_equal(a.array, b.array)
+    assert a.attrs["masked_filled"] == 0
+    with pytest.raises(ValueError, match="extract.masked: 'mean'; allowed: row_mean, keep"):
+        read_network(path, "scores", masked="mean")

@@ -30,6 +30,10 @@ ANALYSIS_AFTER_ORGANIZE = {"organize_2_samples": 2, "organize": 2, "decompose_2_
                            "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 # theorem1 reads no organization (each head gets its own 2-D one), but runs the 2-D questionnaire
 AFTER_QUESTIONNAIRE_EDIT = {**ANALYSIS_AFTER_ORGANIZE, "theorem1": 3}
+# txl's own jobs from organize on (organize2d reads its decomposed figure heads), one each
+MASKED_RULE_RERUNS = {"organize_2_samples": 1, "decompose_2_samples": 1, "entropy": 1, "organize2d_2_samples": 1,
+                      "stability": 1, "tables": 1, "figures": 1, "prune": 1, "explorer": 1, "explorer_index": 1,
+                      "summary": 1, "all": 1}
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +265,19 @@ def test_stores_record_their_code_and_hold_nothing_foreign(clean_run):
         expect = code_fingerprint(REPO / "scripts" / f"{stage}.py", REPO)
         assert ds.attrs["code"] == f"{stage}:{expect}", path
         assert "config" in ds.attrs
+
+
+def test_the_masked_entries_rule_reruns_the_scores_model_from_organize_only(project, tmp_path):
+    """extract.masked changes what the 3-D organization and the expansions of scores see: txl
+    (scores, causal) is organized and decomposed again and everything after; vit and lm analyse
+    probabilities (0 where masked, whatever the rule): nothing of theirs reruns; nothing is
+    extracted again, and the Theorem 1 table (the masked softmax) stays."""
+    cfg = yaml.safe_load((project / "config.yaml").read_text())
+    cfg["models"][0]["extract"]["masked"] = "keep"
+    (tmp_path / "keep.yaml").write_text(yaml.safe_dump(cfg))
+    jobs = dry_run(project, "--configfile", str(tmp_path / "keep.yaml"))
+    assert jobs == MASKED_RULE_RERUNS, jobs
+    for name in (1, 2):
+        cfg["models"][name]["extract"]["masked"] = "keep"
+    (tmp_path / "keep.yaml").write_text(yaml.safe_dump(cfg))
+    assert dry_run(project, "--configfile", str(tmp_path / "keep.yaml")) == MASKED_RULE_RERUNS

@@ -140,9 +140,10 @@ def test_runs_are_models_named_by_their_directory():
         assert run["name"] == name and run["kind"] == b["kind"] and run["data"] == b["data"]
         assert run["arch"] == {**b["arch"], "attention": attention}
         assert run["train"] == {**b["train"], "seed": int(seed[4:])}
-        # every run of a model extracts the same samples, its own number of them, stored as the base model's
+        # every run of a model extracts the same samples, its own number of them, stored and analysed as the
+        # base model's (its masked-entries rule included)
         assert run["extract"] == {"n_samples": 3, "quantity": "probs",
-                                  **{k: b["extract"][k] for k in ("seed", "dtype", "layers", "heads")}}
+                                  **{k: b["extract"][k] for k in ("seed", "dtype", "layers", "heads", "masked")}}
         assert run["softmax_free"] == {"attention": attention, "model": model, "seed": int(seed[4:]), "steps": 5}
         # canonical like the validated config, so rule params compare by value
         assert list(run) == sorted(run) and list(run["arch"]) == sorted(run["arch"])

@@ -192,7 +192,8 @@ def test_decompose_stores_the_orders_of_its_organized_head(stores):
         for apath, dpath in paths:
             dec = xr.open_zarr(dpath, consolidated=False).load()
             att = xr.open_zarr(apath, consolidated=False).load()
-            logits = read_network(att, "scores")
+            # the paraproduct's head: the scores as the model computed them (its mask handled by §7.5)
+            logits = read_network(att, "scores", masked="keep")
             for j, (layer, head) in enumerate(zip(dec["fig_layer"].values, dec["fig_head_index"].values)):
                 g = logits.head(layer, head)
                 r, c = dec["fig_row_order"].values[j], dec["fig_col_order"].values[j]

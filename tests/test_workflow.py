@@ -50,9 +50,17 @@ def test_every_store_has_named_dims_and_finite_values(run):
             assert dec["bihaar_coarse"].dims == ("coarse2", "unit") and "bihaar" not in dec
             for v in dec.data_vars:
                 assert np.isfinite(dec[v].values).all(), (model, i, v)
-            # the level sums hold the whole expansion's energy: the analysed tensor's (orthonormal bases)
-            x = att["scores" if model == "txl" else "probs"].stack(unit=("layer", "head")).transpose("query", "key", "unit")
-            assert np.sqrt(dec["trihaar_level_l2sq"].values.sum()) == pytest.approx(np.linalg.norm(x.values), rel=1e-4)
+            # the level sums hold the whole expansion's energy: the analysed tensor's (orthonormal bases),
+            # txl's masked scores set to their rows' allowed means (extract.masked: row_mean, the default)
+            from oattn_lib.stages.common import read_network
+
+            apath = res / model / "attention" / f"sample{i}.zarr"
+            x = read_network(apath, "scores" if model == "txl" else "probs").array
+            assert np.sqrt(dec["trihaar_level_l2sq"].values.sum()) == pytest.approx(np.linalg.norm(x), rel=1e-4)
+            if model == "txl":
+                assert dec.attrs["masked"] == "row_mean" and dec.attrs["masked_filled"] == 4 * n_tok * (n_tok - 1) // 2
+                raw = read_network(apath, "scores", masked="keep").array
+                assert np.linalg.norm(raw) != pytest.approx(np.linalg.norm(x), rel=1e-3)
         ent = xr.open_zarr(res / model / "entropy.zarr", consolidated=False).load()
         assert ent["head_entropy"].dims == ("sample", "layer", "head")
         assert ent["head_entropy"].shape == (2, n_layer, n_head)

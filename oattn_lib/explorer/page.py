@@ -8,7 +8,7 @@ import os
 from importlib import resources
 
 __all__ = ["render_page", "render_index", "resolution_note", "read_meta", "unit_name", "stored_heads_note",
-           "shown_note"]
+           "shown_note", "masked_note"]
 
 # The page's style sheet and script are files of their own language beside this module, shipped
 # as package data and embedded verbatim in every page (`asset`). `__assets__` declares them to the
@@ -145,6 +145,19 @@ def shown_note(meta: dict) -> str:
     return f"{n} samples" if total == n else f"the first {n} of {total} samples"
 
 
+def masked_note(meta: dict) -> list[str]:
+    """What the analysis did with the scores the model masks (docs/method.md §9.5), for a page of
+    scores whose heads mask some entries; [] otherwise."""
+    if meta.get("quantity") != "scores" or "masked" not in meta:
+        return []
+    rule = ("set per row to the mean of the row's allowed scores (extract.masked: row_mean)"
+            if meta["masked"] == "row_mean" else
+            "kept as the model computed them before its mask (extract.masked: keep, the paper's convention)")
+    return [f"Entries the model masks (drawn empty) were, for the 3-D organization, the Haar expansions and "
+            f"the entropies, {rule}; the 2-D organizations and the paraproduct compare with the model's own "
+            f"masked softmax."]
+
+
 def render_page(payload: dict, plotly_js: str | None = None) -> str:
     """The self-contained page of one model: markup, the data as JSON, plotly.js and the page's
     script, in that order (the markup paints before the scripts are parsed)."""
@@ -157,7 +170,7 @@ def render_page(payload: dict, plotly_js: str | None = None) -> str:
                 f"{m['n_query']} tokens, "
                 f"{shown_note(m)}; heads show the {'post-softmax probabilities' if q == 'probs' else 'pre-softmax scores'} "
                 f"({q}). Fasina et al., Intrinsic and Extrinsic Organized Attention.")
-    notes = "".join(f"<p class='note'>{html.escape(s)}</p>" for s in resolution_note(m))
+    notes = "".join(f"<p class='note'>{html.escape(s)}</p>" for s in resolution_note(m) + masked_note(m))
     body = BODY.format(model=html.escape(m["model"]), subtitle=html.escape(subtitle), notes=notes)
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>oattn explorer: {html.escape(m['model'])}</title><link rel='icon' href='data:,'>"

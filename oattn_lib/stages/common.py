@@ -17,7 +17,7 @@ from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["Network", "read_network", "on_device", "head_array", "load_organization",
+__all__ = ["MASKED", "Network", "read_network", "fill_masked_rows", "on_device", "head_array", "load_organization",
            "allowed_mask", "model_mask", "softmax_heads", "each_sample"]
 
 
@@ -52,16 +52,27 @@ class Network:
         return self.array[:, :, int(hit[0])]
 
 
-def read_network(source, quantity: str, crop=None) -> Network:
+MASKED = ("row_mean", "keep")
+"""How the analysed scores' masked entries enter the analysis (docs/method.md §9.5): set per row to
+the mean of the row's allowed entries, or kept as the model computed them before its mask (the
+paper's convention)."""
+
+
+def read_network(source, quantity: str, crop=None, masked: str = "row_mean") -> Network:
     """The network tensor of one sample (`Network`), from an attention store's path or from an
     opened attention dataset. `quantity`: "scores" (pre-softmax) or "probs". `crop` = (start,
-    stop) keeps rows and columns start:stop (the authors' ViT window).
+    stop) keeps rows and columns start:stop (the authors' ViT window). `masked` (`MASKED`): the
+    entries of scores the model masks (its causal future) are set per row to the mean of that
+    row's allowed entries ("row_mean"), or kept ("keep"); probabilities are 0 there, as the
+    model computed them, whatever `masked` says (docs/method.md §9.5).
 
     From a path only `quantity` is read (scores and probs of 270 heads at 1024 tokens are 1.1 GB
     each in float32), NaN or inf is an error naming the store, and the store's copy is released
     before returning: the peak is two copies of the one quantity, not four."""
     if quantity not in ("scores", "probs"):
         raise ValueError(f"quantity: must be 'scores' or 'probs', got {quantity!r}")
+    if masked not in MASKED:
+        raise ValueError(f"extract.masked: {masked!r}; allowed: {', '.join(MASKED)}")
     if isinstance(source, xr.Dataset):
         ds = source
         if quantity not in ds:
@@ -87,7 +98,48 @@ def read_network(source, quantity: str, crop=None) -> Network:
     if "kv_group" in x.coords:
         coords["unit_kv_group"] = ("unit", np.broadcast_to(x["kv_group"].values, x["unit"].shape).astype(np.int64))
     array = np.ascontiguousarray(x.values, dtype=np.float32)
-    return Network(array, coords, dict(ds.attrs))
+    filled = 0
+    if quantity == "scores" and masked == "row_mean":
+        filled = _fill_masked(source, ds, array, coords["unit_layer"][1], crop)
+    # what the analysis did with masked entries, recorded by every store made from the tensor
+    attrs = {**ds.attrs, "masked": masked if quantity == "scores" else "zero", "masked_filled": int(filled)}
+    return Network(array, coords, attrs)
+
+
+def _fill_masked(source, ds, array: np.ndarray, unit_layer: np.ndarray, crop) -> int:
+    """`fill_masked_rows` of the network tensor `array` (query, key, unit) with the model's own mask
+    of each unit's layer; nothing where no mask is known (a dataset of scores alone, as the API
+    builds) or nothing is masked. One layer at a time: a layer's units are consecutive. Returns the
+    number of entries set."""
+    att = ds if isinstance(source, xr.Dataset) else store.read_store(source, lazy=True)
+    if "allowed" not in att.variables and "probs" not in att.variables:
+        return 0
+    ok = allowed_mask(att, None, crop)
+    if ok.all():
+        return 0
+    if ok.ndim == 2:  # one mask for every layer
+        return fill_masked_rows(array, ok[:, :, None])
+    filled = 0
+    for i, layer in enumerate(att["layer"].values):
+        units = np.flatnonzero(unit_layer == layer)
+        if units.size and not ok[i].all():
+            filled += fill_masked_rows(array[:, :, units[0]:units[-1] + 1], ok[i][:, :, None])
+    return filled
+
+
+def fill_masked_rows(array: np.ndarray, allowed: np.ndarray) -> int:
+    """Set, in place, every masked entry of `array` (query, key, unit) to the mean of its row's
+    allowed entries in the same unit (docs/method.md §9.5); `allowed` (query, key, unit) or
+    (query, key, 1) bool. A row with no allowed entry is left as it is. Returns the number of
+    entries set."""
+    ok = np.broadcast_to(allowed, array.shape)
+    n = ok.sum(axis=1, keepdims=True)
+    total = np.where(ok, array, 0).sum(axis=1, keepdims=True, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (total / n).astype(array.dtype)
+    fill = ~ok & (n > 0)
+    np.copyto(array, np.broadcast_to(mean, array.shape), where=fill)
+    return int(fill.sum())
 
 
 def on_device(a: np.ndarray, device):

@@ -36,7 +36,8 @@ def _figure_units(figure_heads, layers, heads) -> list[tuple[int, int]]:
 def decompose(attention_store, organized_store, out, quantity: str, crop=None,
               *, figure_heads, questionnaire2d_iters: int, random_tree_seeds: int,
               coarse_coefficients: int = 4096, keep_coefficients: bool = False,
-              config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
+              config_slice: dict | None = None, code: str | None = None, device="cpu",
+              masked: str = "row_mean") -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
     2-D organization and paraproduct, and the diffusion map of heads (docs/method.md §3, §6, §7, §8). The Haar
     expansions run on the device `device` resolves to (`runtime.resolve_device`). A store without
@@ -47,11 +48,13 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     coefficients of each head and tri-Haar coefficients of the network (coarsest first, with
     their flat indices), the sums of |c| and c^2 per combination of levels (the sparsities
     follow from them exactly), and the figure heads' bi-Haar coefficients; every coefficient
-    too (`bihaar`, `trihaar`) with `keep_coefficients`."""
+    too (`bihaar`, `trihaar`) with `keep_coefficients`. `masked`: the rule for the scores' masked
+    entries in the expansions (`common.read_network`, docs/method.md §9.5); the paraproduct always
+    compares with the model's masked softmax (§7.5)."""
     if isinstance(coarse_coefficients, bool) or not isinstance(coarse_coefficients, (int, np.integer)) \
             or coarse_coefficients < 1:
         raise ValueError(f"decompose.coarse_coefficients: expected a positive integer, got {coarse_coefficients!r}")
-    net = read_network(attention_store, quantity, crop)
+    net = read_network(attention_store, quantity, crop, masked)
     attrs, coords, a = net.attrs, net.coords, net.array
     del net
     # the figure heads are read one at a time from the store (one chunk per head): the whole
@@ -156,7 +159,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         coords={k: v for k, v in coords.items() if k not in ("query", "key")} | {
                 "fig_layer": ("fig_head", [u[0] for u in units]), **level_coords,
                 "fig_head_index": ("fig_head", [u[1] for u in units])},
-        attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind")},
+        attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind", "masked", "masked_filled")},
                **store.provenance_attrs(config_slice or {}, attrs.get("checkpoint_sha256"), code=code,
                                         quantity=quantity, coefficients="all" if keep_coefficients else "coarsest")})
     if no_scores:

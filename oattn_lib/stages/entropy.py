@@ -64,7 +64,7 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
     rows = {k: [] for k in ("head_entropy", "head_sparsity", "network_entropy", "network_sparsity",
                             "network_l1", "network_l1_random", "network_sparsity_random", "network_l1_natural",
                             "network_sparsity_natural", "network_l2", "head_top_k", "network_top_k")}
-    first = None
+    first, filled = None, 0
     for path in decomposed_stores:
         # lazily: only the kept prefix is read (every coefficient of a store that keeps them
         # is 1.1 GB each of bi- and tri-Haar at 270 heads x 1024 tokens)
@@ -72,6 +72,7 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
         if first is None:
             first = {"attrs": dict(ds.attrs), "unit_layer": ds["unit_layer"].values,
                      "unit_head": ds["unit_head"].values}
+        filled += int(ds.attrs.get("masked_filled", 0))
         sup2 = [ds["support_q"].values, ds["support_k"].values]
         sup3 = sup2 + [ds["support_h"].values]
         # a sample of its own length (the user's texts, docs/method.md §9.4.1) may have fewer coefficients than top_k:
@@ -113,6 +114,8 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
          "head_top_k": ("sample", np.asarray(rows["head_top_k"], dtype=np.int64))},
         coords={"sample": np.arange(n_s), "layer": layer_ids, "head": head_ids},
         attrs={"model": first["attrs"].get("model", ""),
+               # the rule for the scores' masked entries (docs/method.md §9.5), and how many it set in all
+               **({"masked": first["attrs"]["masked"], "masked_filled": filled} if "masked" in first["attrs"] else {}),
                **store.provenance_attrs(config_slice or {}, first["attrs"].get("checkpoint_sha256"), code=code,
                                         head_top_k=head_top_k, network_top_k=network_top_k)})
     store.write_store(out_ds, out)

@@ -20,7 +20,7 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
              questionnaire2d_iters: int, heads_2d: int, max_side: int, data_mb: float,
              table3_csv=None, table4_csv=None, rankings_csv=None, stability_store=None, stability_csv=None,
              organized2d_stores: list | None = None, page_plan=None, page_samples: list | None = None,
-             max_samples: int | None = None) -> None:
+             max_samples: int | None = None, masked: str = "row_mean") -> None:
     """Write `out`, the explorer page of one model: its samples, head grid, diffusion map of heads,
     the four views of the selected head and Tables 1-2 (3-4 where the prune stage ran; with the
     stability stage's store and table, each head's entropy range over the replicates and the
@@ -32,7 +32,9 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
     shown in 2-D have their organizations read from `organized2d_stores` (the organize2d stage's,
     one per sample), or made here where none are given (a notebook). With `page_plan` and
     `page_samples` (the files of stages.explorer_samples, for a model of one job per sample, in
-    sample order) the samples come encoded already and the stores are not read."""
+    sample order) the samples come encoded already and the stores are not read. `masked`: the rule
+    the analysis applied to the scores' masked entries, said on the page (the page draws them empty
+    either way: docs/method.md §9.5)."""
     tables = [table_payload("Table 1: most frequent top and bottom heads by Haar entropy", table1_csv, "head",
                             "Click a row to select its head."),
               table_payload("Table 2: network entropy and sparsity per sample", table2_csv, "sample",
@@ -66,6 +68,7 @@ def explorer(model: str, kind: str, attention_stores: list, organized_stores: li
                                 heads_2d=heads_2d, questionnaire2d_iters=questionnaire2d_iters, max_side=max_side,
                                 data_bytes=int(data_mb * 1e6), stability_store=stability_store,
                                 organized2d_stores=organized2d_stores, max_samples=max_samples)
+    payload["meta"]["masked"] = masked
     store.atomic_write_text(out, render_page(payload))
     size = os.path.getsize(out) / 1e6
     log.info("explorer %s: %s, %.2f MB (%s)", model, out, size,

@@ -16,10 +16,12 @@ __all__ = ["organize", "organized_dataset", "organize_samples"]
 
 
 def organize(attention_store, out, quantity: str, crop=None, params: dict | None = None,
-             config_slice: dict | None = None, code: str | None = None, device="cpu") -> None:
+             config_slice: dict | None = None, code: str | None = None, device="cpu",
+             masked: str = "row_mean") -> None:
     """Run the 3-D questionnaire on one sample and store trees and affinities (docs/method.md §5.2), on the
-    device `device` resolves to (`runtime.resolve_device`)."""
-    net = read_network(attention_store, quantity, crop)
+    device `device` resolves to (`runtime.resolve_device`); `masked`: the rule for the scores'
+    masked entries (`common.read_network`, docs/method.md §9.5)."""
+    net = read_network(attention_store, quantity, crop, masked)
     out_ds = organized_dataset(net, quantity, params, config_slice=config_slice, code=code, device=device)
     del net
     store.write_store(out_ds, out)
@@ -44,7 +46,8 @@ def organized_dataset(net: Network, quantity: str, params: dict | None = None, *
          "affinity_k": (("key", "key_"), org.affinity_k.astype(np.float32)),
          "affinity_h": (("unit", "unit_"), org.affinity_h.astype(np.float32))},
         coords=net.coords,
-        attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind", "checkpoint_sha256")},
+        attrs={**{k: v for k, v in attrs.items() if k in ("model", "sample", "kind", "checkpoint_sha256", "masked",
+                                                          "masked_filled")},
                **store.provenance_attrs(config_slice or {}, attrs.get("checkpoint_sha256"), code=code,
                                         quantity=quantity)})
 

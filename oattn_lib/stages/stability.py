@@ -63,11 +63,11 @@ def _residuals(heads: list, pert_name: str, rng_of) -> np.ndarray:
 
 def sample_replicates(attention_store, organized_store, decomposed_store, *, sample: int, quantity: str, crop=None,
                       organize: dict, head_top_k: int, network_top_k: int, settings: dict,
-                      questionnaire2d_iters: int = 10, device="cpu") -> xr.Dataset:
+                      questionnaire2d_iters: int = 10, device="cpu", masked: str = "row_mean") -> xr.Dataset:
     """Every replicate of one sample (`stability.replicate_plan`): its measures and whether its
     trees are the reference's, as a Dataset over (replicate[, unit][, fig_head]). Replicate 0 is
     the reference: the organized store's trees on the unperturbed tensor."""
-    net = read_network(attention_store, quantity, crop)
+    net = read_network(attention_store, quantity, crop, masked)
     x = net.array
     org, _ = load_organization(organized_store)
     ref_trees = (org.tree_q, org.tree_k, org.tree_h)
@@ -151,7 +151,7 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
               out_csv, out_md, *, samples: list, quantity: str, crop=None, organize: dict, head_top_k: int,
               network_top_k: int, settings: dict, fraction: float = 0.1, questionnaire2d_iters: int = 10,
               model_name: str = "", config_slice: dict | None = None, code: str | None = None,
-              device="cpu") -> None:
+              device="cpu", masked: str = "row_mean") -> None:
     """Replicates of the model's samples `samples` (their indices; attention_stores[i],
     organized_stores[i] and decomposed_stores[i] are sample samples[i]'s), the bootstrap over all
     its samples (from the entropy store), written to the store `out`, and the summary table
@@ -171,7 +171,7 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
         per.append(sample_replicates(attention_stores[i], organized_stores[i], decomposed_stores[i], sample=s,
                                      quantity=quantity, crop=crop, organize=organize, head_top_k=head_top_k,
                                      network_top_k=network_top_k, settings=settings,
-                                     questionnaire2d_iters=questionnaire2d_iters, device=device))
+                                     questionnaire2d_iters=questionnaire2d_iters, device=device, masked=masked))
     ds = concat_samples(per, samples)
     e_all = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(ent.sizes["sample"], -1)
     # the entropy store's (layer, head) grid flattened is the units' layer-major order

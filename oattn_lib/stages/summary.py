@@ -256,6 +256,18 @@ def prune_not_run(kind: str) -> str:
     return "prune.enabled: false"
 
 
+def _masked_said(claims: list, attrs: dict) -> list:
+    """The claims measured on the Haar expansions (sparsity, Table 2) say how the model's masked
+    scores entered them, where the analysis set any (docs/method.md §9.5)."""
+    n = int(attrs.get("masked_filled", 0))
+    if not n:
+        return claims
+    said = f"; the {n} masked scores set per row to the row's allowed mean (extract.masked: row_mean)"
+    on_expansions = {CLAIMS["sparsity"], CLAIMS["table2"]}
+    return [replace(c, measured=c.measured + said) if c.claim in on_expansions and c.verdict != NOT_RUN else c
+            for c in claims]
+
+
 def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
     """One Markdown page: the claims table first, then training metrics and every model's tables.
 
@@ -272,12 +284,13 @@ def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
     for name, kind in kinds.items():
         decomposed = inputs.get(f"decomposed_{name}", ())
         decomposed = [decomposed] if isinstance(decomposed, (str, Path)) else list(decomposed)
-        claims += model_claims(name, kind, inputs[f"entropy_{name}"], inputs[f"table1csv_{name}"],
-                               inputs[f"table2csv_{name}"], inputs[f"temperature_{name}"],
-                               inputs.get(f"table3csv_{name}"), fraction, inputs.get(f"stability_{name}"),
-                               temperature_csv=inputs.get(f"temperaturecsv_{name}"),
-                               theorem1_csv=inputs.get(f"theorem1_{name}"), curves_csv=inputs.get(f"curves_{name}"),
-                               decomposed_stores=decomposed)
+        mine = model_claims(name, kind, inputs[f"entropy_{name}"], inputs[f"table1csv_{name}"],
+                            inputs[f"table2csv_{name}"], inputs[f"temperature_{name}"],
+                            inputs.get(f"table3csv_{name}"), fraction, inputs.get(f"stability_{name}"),
+                            temperature_csv=inputs.get(f"temperaturecsv_{name}"),
+                            theorem1_csv=inputs.get(f"theorem1_{name}"), curves_csv=inputs.get(f"curves_{name}"),
+                            decomposed_stores=decomposed)
+        claims += _masked_said(mine, store.read_store(inputs[f"entropy_{name}"], lazy=True).attrs)
         t2 = pd.read_csv(inputs[f"table2csv_{name}"])
         entropies[name] = (kind, t2["network_entropy"].to_numpy(),
                            t2["network_entropy_scale_free"].to_numpy() if "network_entropy_scale_free" in t2 else None)

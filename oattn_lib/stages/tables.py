@@ -14,7 +14,7 @@ from ..trees import PartitionTree, architecture_agreement
 
 log = logging.getLogger("oattn")
 
-__all__ = ["tables", "head_tree_architecture"]
+__all__ = ["tables", "head_tree_architecture", "masked_text"]
 
 
 def head_tree_architecture(organized_stores: list) -> pd.DataFrame:
@@ -88,6 +88,20 @@ def _stability_note(stab, rep: dict, n_s: int) -> str:
             "count's 95% interval.\n")
 
 
+def masked_text(attrs: dict) -> str:
+    """The tables' sentence on the entries the model masks (docs/method.md §9.5), from an entropy
+    store's attributes; "" where the analysis set none (nothing masked, or probabilities)."""
+    n = int(attrs.get("masked_filled", 0))
+    if attrs.get("masked") == "row_mean" and n:
+        return (f"\nMasked entries: the {n} scores the model masks (its causal future; all samples) were set "
+                "per row to the mean of the row's allowed scores before the organization and the Haar expansions "
+                "(extract.masked: row_mean).\n")
+    if attrs.get("masked") == "keep":
+        return ("\nMasked entries: scores the model masks, if any, were analysed as computed before the mask "
+                "(extract.masked: keep, the paper's convention).\n")
+    return ""
+
+
 def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_table2_md,
            fraction: float = 0.1, model_name: str = "", organized_stores: list | None = None,
            out_head_tree_csv=None, stability_store=None) -> None:
@@ -147,6 +161,8 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
         note1 += _architecture_note(arch, len(organized_stores))
         if out_head_tree_csv is not None:
             store.atomic_write_text(out_head_tree_csv, arch.assign(model=model_name).to_csv(index=False))
+    masked = masked_text(ds.attrs)
+    note1 += masked
     for df, csv, md, note in (
             (t1, out_table1_csv, out_table1_md, note1),
             (t2, out_table2_csv, out_table2_md,
@@ -156,6 +172,7 @@ def tables(entropy_store, out_table1_csv, out_table1_md, out_table2_csv, out_tab
              "Frobenius norm), unchanged when the tensor is scaled, so that models analysing different "
              "quantities can be compared; network_sparsity: l1/l2 of all tri-Haar coefficients (lower is "
              "sparser), beside the same under two baselines: balanced trees over a random order of the tokens and "
-             "heads (random_trees) and over their natural order (natural_trees, which keeps locality).\n")):
+             "heads (random_trees) and over their natural order (natural_trees, which keeps locality).\n"
+             + masked)):
         store.atomic_write_text(csv, df.to_csv(index=False))
         store.atomic_write_text(md, df.to_markdown(index=False, floatfmt=".4g") + note)

@@ -231,16 +231,24 @@ def checkpoint_input(wildcards):
 
 
 def analysis_params(wildcards):
-    """What organize and everything after it read from a model's extraction config."""
+    """What organize and everything after it read from a model's extraction config: the rule for
+    masked entries only where scores are analysed (probabilities are 0 there whatever it says, so
+    changing it reruns nothing of a model analysing probs)."""
     ex = ANALYSED[wildcards.model]["extract"]
-    return {"quantity": ex["quantity"], "crop": ex.get("crop")}
+    masked = ex.get("masked", "row_mean") if ex["quantity"] == "scores" else "keep"
+    return {"quantity": ex["quantity"], "crop": ex.get("crop"), "masked": masked}
+
+
+def analysis_crop(wildcards):
+    """The crop alone, for the rules that read the scores as stored (the temperature figure, theorem1)."""
+    return ANALYSED[wildcards.model]["extract"].get("crop")
 
 
 def extraction_params(wildcards):
     """What extraction reads: the model, not the analysed quantity (both are stored) nor its
     head-ablation and stability settings (the prune and stability rules' own params)."""
     m = ANALYSED[wildcards.model]
-    ex = {k: v for k, v in m["extract"].items() if k not in ("quantity", "crop")}
+    ex = {k: v for k, v in m["extract"].items() if k not in ("quantity", "crop", "masked")}
     return {**{k: v for k, v in m.items() if k not in ("extract", "prune", "stability")}, "extract": ex}
 
 

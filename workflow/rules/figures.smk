@@ -66,7 +66,7 @@ rule theorem1:
     params:
         theorem1=config["theorem1"],
         questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
-        analysis=analysis_params,
+        crop=analysis_crop,
         code=code_version("theorem1"),
     script:
         "../../scripts/theorem1.py"
