@@ -56,7 +56,7 @@ import torch
 from ._arrays import as_tensor, back
 from .trees import balanced_tree
 
-__all__ = ["Paraproduct", "block_averages", "paraproduct", "relative_residuals", "telescoping_sum"]
+__all__ = ["Paraproduct", "block_averages", "check_order", "paraproduct", "relative_residuals", "telescoping_sum"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,7 +227,8 @@ def _not_representable(what: str, row: int, log10_size: float, spread: float) ->
 
 
 # -- validation -------------------------------------------------------------------------
-def _check_order(order, n: int, name: str) -> np.ndarray:
+def check_order(order, n: int, name: str) -> np.ndarray:
+    """`order` as an int64 permutation of 0..n-1 (None: the identity); ValueError naming `name`."""
     if order is None:
         return np.arange(n)
     if isinstance(order, torch.Tensor):
@@ -402,8 +403,8 @@ def relative_residuals(f, taus, row_order=None, col_order=None, n_scales=None, a
 def _prepare(x: torch.Tensor, row_order, col_order, n_scales, allowed):
     """Validated orders and mask, the organized head and its block averages."""
     n, m = x.shape
-    r = _check_order(row_order, n, "row_order")
-    c = _check_order(col_order, m, "col_order")
+    r = check_order(row_order, n, "row_order")
+    c = check_order(col_order, m, "col_order")
     jr, jc = _check_scales(n_scales, n, m)
     rows, cols = torch.as_tensor(r, device=x.device), torch.as_tensor(c, device=x.device)
     organized = x[rows][:, cols]

@@ -28,7 +28,7 @@ import torch
 
 from ._arrays import as_tensor, back
 from .haar import bihaar, haar_basis
-from .paraproduct import paraproduct
+from .paraproduct import check_order, paraproduct
 from .trees import balanced_tree
 
 __all__ = ["FAMILIES", "HaarDecay", "haar_decay", "Corollary1", "corollary1", "ResidualSmoothness",
@@ -118,22 +118,6 @@ class ResidualSmoothness:
 
 
 # -- validation -------------------------------------------------------------------------
-def _order(order, n: int, name: str) -> np.ndarray:
-    if order is None:
-        return np.arange(n)
-    if isinstance(order, torch.Tensor):
-        order = order.detach().cpu().numpy()
-    arr = np.asarray(order)
-    if arr.ndim != 1 or arr.shape[0] != n:
-        raise ValueError(f"{name}: expected a permutation of length {n}, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name}: expected integer indices, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if not np.array_equal(np.sort(arr), np.arange(n)):
-        raise ValueError(f"{name}: not a permutation of 0..{n - 1}")
-    return arr
-
-
 def _mask(allowed, shapes: tuple[tuple[int, ...], ...], device) -> torch.Tensor | None:
     if allowed is None:
         return None
@@ -294,7 +278,7 @@ def haar_decay(x, row_order=None, col_order=None, allowed=None, quantile: float 
     if isinstance(min_count, bool) or not isinstance(min_count, (int, np.integer)) or min_count < 1:
         raise ValueError(f"min_count: expected a positive integer, got {min_count!r}")
     *lead, n, m = t.shape
-    r, c = _order(row_order, n, "row_order"), _order(col_order, m, "col_order")
+    r, c = check_order(row_order, n, "row_order"), check_order(col_order, m, "col_order")
     mask = _mask(allowed, ((n, m), tuple(t.shape)), t.device)
     batch = int(np.prod(lead)) if lead else 1
     t = _organize(t, r, c).reshape(batch, n, m)
@@ -441,7 +425,7 @@ def corollary1(f, row_order=None, col_order=None, allowed=None) -> Corollary1:
     """
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     n, m = x.shape
-    r, c = _order(row_order, n, "row_order"), _order(col_order, m, "col_order")
+    r, c = check_order(row_order, n, "row_order"), check_order(col_order, m, "col_order")
     mask = _mask(allowed, ((n, m),), x.device)
     organized = _organize(x, r, c)
     mask = None if mask is None else _organize(mask, r, c)

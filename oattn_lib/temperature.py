@@ -27,7 +27,7 @@ import numpy as np
 
 from .paraproduct import paraproduct, relative_residuals
 
-__all__ = ["Crossover", "attention_mask", "crossover", "geometric_mean", "relative_residual",
+__all__ = ["Crossover", "attention_mask", "crossover", "crossover_counts", "geometric_mean", "relative_residual",
            "residual_curve", "temperature_grid"]
 
 
@@ -164,3 +164,32 @@ def geometric_mean(curves, axis: int = -2) -> np.ndarray:
     c = np.asarray(curves, dtype=np.float64)
     with np.errstate(divide="ignore"):
         return np.exp(np.log(c).mean(axis=axis))
+
+
+def crossover_counts(curves, baseline: str, organized: str = "2-D organized") -> dict:
+    """Where each head-sample's organized curve stops beating its `baseline` curve, over a table of
+    curves (columns sample, layer, head, order, seed, tau, residual: the theorem1 stage's; random
+    orders' curves are combined per head-sample by `geometric_mean`).
+
+    Returns {"n": head-samples compared, "status": {status: count} (`Crossover.status`), "tau":
+    the crossover temperatures of those that stop beating, sorted}."""
+    import pandas as pd
+
+    df = pd.DataFrame(curves)
+    status: dict[str, int] = {}
+    taus_at: list[float] = []
+    n = 0
+    for _, g in df.groupby(["sample", "layer", "head"], sort=True):
+        org = g[g["order"] == organized].sort_values("tau")
+        base = g[g["order"] == baseline]
+        if org.empty or base.empty:
+            continue
+        grid = org["tau"].to_numpy(dtype=np.float64)
+        b = base.pivot_table(index="seed", columns="tau", values="residual", aggfunc="first", dropna=False)
+        b = b.reindex(columns=grid).to_numpy(dtype=np.float64)
+        x = crossover(grid, org["residual"].to_numpy(dtype=np.float64), geometric_mean(b, axis=0))
+        status[x.status] = status.get(x.status, 0) + 1
+        if x.status == "stops beating":
+            taus_at.append(float(x.tau))
+        n += 1
+    return {"n": n, "status": status, "tau": sorted(taus_at)}

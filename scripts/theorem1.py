@@ -5,4 +5,5 @@ from oattn_lib.stages.theorem1 import theorem1
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 theorem1(snakemake.wildcards.model, list(snakemake.input.attention), snakemake.output.csv,
-         questionnaire2d_iters=p.questionnaire2d_iters, crop=p.crop, **p.theorem1)
+         out_curves=snakemake.output.curves, questionnaire2d_iters=p.questionnaire2d_iters, crop=p.crop,
+         **p.theorem1)

@@ -94,6 +94,16 @@ def test_claims_table_numbers_are_recomputed_from_the_stores_and_tables(clean_ru
             t = t[t["tau"] == 1.0]
         org = t.loc[t["order"] == "2-D organized", "residual"].fillna(np.inf)
         assert value[model, C["paraproduct"]] == pytest.approx(np.median(org))
+        # where the organized order stops beating the baselines: counted over every head-sample's curves
+        if verdict[model, C["paraproduct"]] != claims.NOT_RUN:
+            from oattn_lib.temperature import crossover_counts
+
+            curves = pd.read_csv(res / model / "figures" / "theorem1_curves.csv")
+            n = len(t.groupby(["sample", "layer", "head"]))
+            c = crossover_counts(curves, "original")
+            assert c["n"] == n
+            text = row.loc[(model, C["paraproduct"]), "measured"]
+            assert f"in {c['status'].get('beats throughout', 0)}/{n}" in text and "per head-sample" in text
         if (org >= 1).sum() >= len(org) / 2:
             assert verdict[model, C["paraproduct"]] == claims.NOT_HERE
         t3 = pd.read_csv(res / model / "tables" / "table3.csv").set_index("ranking")

@@ -9,10 +9,8 @@ import xarray as xr
 
 from oattn_lib import plots, store
 from oattn_lib.paraproduct import paraproduct
-from oattn_lib.stages.decompose import decompose
-from oattn_lib.stages.extract import attention_dataset
 from oattn_lib.stages.figures import _temperature
-from oattn_lib.stages.organize import organize
+from scored_stores import scored_samples
 from oattn_lib.temperature import (
     attention_mask,
     crossover,
@@ -208,21 +206,7 @@ def stores(tmp_path_factory):
     rng = np.random.default_rng(3)
     out = {}
     for causal in (False, True):
-        n = 12
-        paths = []
-        for s in range(2):
-            scores = (rng.standard_normal((2, 2, n, n)) + np.linspace(0, 2, n)[:, None]).astype(np.float32)
-            sc = torch.from_numpy(scores)
-            if causal:
-                sc = sc.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-            probs = torch.softmax(sc, -1).numpy()
-            ds = attention_dataset(scores, probs, np.arange(n), {"model": "m", "kind": "txl", "sample": s})
-            a, o, d = (root / f"{causal}_{k}{s}.zarr" for k in ("att", "org", "dec"))
-            store.write_store(ds, a)
-            organize(a, o, "scores", params={"n_iters": 1})
-            decompose(a, o, d, "scores", figure_heads=[[0, 0], [-1, -1]], questionnaire2d_iters=2,
-                      random_tree_seeds=1)
-            paths.append((a, d))
+        paths = scored_samples(root, rng, (2, 2, 12), causal)
         outs = {k: root / f"{causal}.{k}" for k in ("temperature_csv", "temperature_json", "temperature_finding")}
         outs["temperature"] = root / f"{causal}.png"
         _temperature("m", [p[0] for p in paths], [p[1] for p in paths], outs, 5, 2, None)
@@ -271,3 +255,32 @@ def test_stage_compares_a_causal_head_with_its_masked_softmax(stores):
     summary = json.loads(outs["temperature_json"].read_text())
     assert summary["masked_entries"] == 2 * 2 * (12 * 11 // 2)  # 2 samples x 2 heads
     assert "masked softmax" in outs["temperature_finding"].read_text()
+
+
+def test_crossover_counts_per_head_sample_against_the_geometric_mean_of_random_orders():
+    import pandas as pd
+
+    from oattn_lib.temperature import crossover_counts
+
+    taus = [0.1, 1.0, 10.0]
+    rows = []
+
+    def add(head, order, seed, values):
+        rows.extend({"sample": 0, "layer": 0, "head": head, "order": order, "seed": seed, "tau": t, "residual": v}
+                    for t, v in zip(taus, values))
+
+    # head 0: below the original everywhere; head 1: stops beating it between tau 1 and 10
+    add(0, "2-D organized", -1, [0.1, 0.2, 0.4])
+    add(0, "original", -1, [0.2, 0.3, 0.5])
+    add(1, "2-D organized", -1, [0.1, 0.2, 0.8])
+    add(1, "original", -1, [0.2, 0.4, 0.4])
+    orig = crossover_counts(pd.DataFrame(rows), "original")
+    assert orig["n"] == 2 and orig["status"] == {"beats throughout": 1, "stops beating": 1}
+    assert 1.0 < orig["tau"][0] < 10.0
+    # random orders 0.01 and 1 at every tau: geometric mean 0.1, arithmetic 0.505; organized 0.3
+    rows.clear()
+    add(2, "2-D organized", -1, [0.3] * 3)
+    add(2, "random", 0, [0.01] * 3)
+    add(2, "random", 1, [1.0] * 3)
+    assert crossover_counts(pd.DataFrame(rows), "random")["status"] == {"never beats": 1}
+    assert crossover_counts(pd.DataFrame(rows), "original")["n"] == 0

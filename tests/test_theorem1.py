@@ -7,10 +7,9 @@ import torch
 
 from oattn_lib import store
 from oattn_lib.smoothness import residual_smoothness
-from oattn_lib.stages.decompose import decompose
 from oattn_lib.stages.extract import attention_dataset
-from oattn_lib.stages.organize import organize
 from oattn_lib.stages.theorem1 import COLUMNS, chosen_heads, theorem1
+from scored_stores import scored_samples
 
 N = 12
 
@@ -23,26 +22,15 @@ def stores(tmp_path_factory):
     rng = np.random.default_rng(5)
     out = {}
     for causal in (False, True):
-        paths = []
-        for s in range(2):
-            scores = (rng.standard_normal((2, 3, N, N)) + np.linspace(0, 2, N)[:, None]).astype(np.float32)
-            sc = torch.from_numpy(scores)
-            if causal:
-                sc = sc.masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), float("-inf"))
-            probs = torch.softmax(sc, -1).numpy()
-            ds = attention_dataset(scores, probs, np.arange(N), {"model": "m", "kind": "txl", "sample": s})
-            a, o, d = (root / f"{causal}_{k}{s}.zarr" for k in ("att", "org", "dec"))
-            store.write_store(ds, a)
-            organize(a, o, "scores", params={"n_iters": 1})
-            decompose(a, o, d, "scores", figure_heads=[[0, 0], [-1, -1]], questionnaire2d_iters=2,
-                      random_tree_seeds=1)
-            paths.append((a, d))
+        paths = scored_samples(root, rng, (2, 3, N), causal)
         tables = {}
         for max_heads in (6, 2):
             csv = root / f"{causal}_{max_heads}.csv"
+            curves = root / f"{causal}_{max_heads}_curves.csv"
             theorem1("m", [p[0] for p in paths], csv, samples=2, max_heads=max_heads, random_orders=2, seed=0,
-                     questionnaire2d_iters=2)
+                     questionnaire2d_iters=2, out_curves=curves, temperature_taus=5)
             tables[max_heads] = pd.read_csv(csv)
+            tables[f"curves{max_heads}"] = pd.read_csv(curves)
         out[causal] = (paths, tables)
     return out
 
@@ -119,3 +107,16 @@ def test_a_store_without_scores_gives_an_empty_table(tmp_path):
     theorem1("m", [a], tmp_path / "t.csv", samples=1, max_heads=4, random_orders=1, seed=0, questionnaire2d_iters=1)
     t = pd.read_csv(tmp_path / "t.csv")
     assert list(t.columns) == COLUMNS and len(t) == 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_curves_at_the_models_tau_are_the_tables_residuals(stores, causal):
+    """Two code paths (the paraproduct of residual_smoothness, the temperature curve) give one
+    residual at tau = 1 for every head, order and seed; the grid is the temperature figure's."""
+    _, tables = stores[causal]
+    t, c = tables[6], tables["curves6"]
+    assert sorted(c["tau"].unique()) == pytest.approx([0.1, 10 ** -0.5, 1.0, 10 ** 0.5, 10.0])
+    at1 = c[c["tau"] == 1.0].set_index(["sample", "layer", "head", "order", "seed"])["residual"]
+    rows = t.set_index(["sample", "layer", "head", "order", "seed"])["residual"]
+    assert len(at1) == len(rows) == len(c) // 5
+    np.testing.assert_allclose(at1.loc[rows.index].to_numpy(), rows.to_numpy(), rtol=1e-9)

@@ -37,6 +37,7 @@ from ..claims import (
 from ..stability import REFERENCE, bottom_sets, mean_pair_jaccard, replicate_sets
 from ..entropy import extreme_heads, jaccard_stability, n_extreme
 from ..models import adapter_for
+from ..temperature import crossover_counts
 
 log = logging.getLogger("oattn")
 
@@ -100,15 +101,36 @@ def bottom_fraction_point(curves_csv, metric: str, log_metric: bool, fraction: f
     return {"low": float(low[0]), "random": rnd, "k": k, "n_units": n_units, "note": note}
 
 
+def head_crossover_text(curves: pd.DataFrame) -> str:
+    """Where each head-sample's organized residual curve stops beating the original order's and the
+    random orders' (`temperature.crossover_counts`), in words; "" for a table with no curve."""
+    if curves.empty:
+        return ""
+    lo, hi = float(curves["tau"].min()), float(curves["tau"].max())
+    parts = []
+    for b, label in (("original", "the original order"), ("random", "the random orders")):
+        c = crossover_counts(curves, b)
+        if not c["n"]:
+            continue
+        st = c["status"]
+        stops = (f", stops at median τ = {np.median(c['tau']):.3g} in {st['stops beating']}"
+                 if st.get("stops beating") else "")
+        parts.append(f"below {label} over all of τ in [{lo:.3g}, {hi:.3g}] in {st.get('beats throughout', 0)}/{c['n']}"
+                     f"{stops}, never in {st.get('never beats', 0)}, only above some τ in "
+                     f"{st.get('starts beating', 0)}")
+    return "per head-sample, the organized residual is " + "; ".join(parts) if parts else ""
+
+
 def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, temperature_json,
                  table3_csv=None, fraction: float = 0.1, stability_store=None, *, temperature_csv=None,
-                 theorem1_csv=None, curves_csv=None, decomposed_stores=()) -> list:
+                 theorem1_csv=None, curves_csv=None, decomposed_stores=(), theorem1_curves_csv=None) -> list:
     """Every per-model claim (docs/method.md §13), from the model's stores, tables and figures.
 
     The Jaccard indices of the bottom and top sets are recomputed from the entropy store (as
     Table 1's note); the sparsity ratios and the network entropies come from Table 2; Theorem 1's
     residuals from `residual_table` (the every-head `theorem1_csv`, else the temperature figure's
-    `temperature_csv`), the crossovers from its `temperature_json`; the pruning areas from Table 3
+    `temperature_csv`), the crossovers per head-sample from `theorem1_curves_csv` where given, else the
+    figure heads' from the `temperature_json`; the pruning areas from Table 3
     and the metric at the bottom `fraction` from the prune stage's `curves_csv` (None: prune not
     run, for the reason `prune_not_run`); the layer silhouettes from the `decomposed_stores`. A
     temperature JSON with `skipped` (the reason: no pre-softmax scores) makes Theorem 1's claims
@@ -125,6 +147,8 @@ def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, te
     temp = json.loads(Path(temperature_json).read_text())
     skipped = temp.get("skipped")
     cross = "" if skipped else "; ".join(f"organized is {temp['crossover'][b]['text']}" for b in ("original", "random"))
+    if theorem1_curves_csv is not None and not skipped:
+        cross = head_crossover_text(pd.read_csv(theorem1_curves_csv)) or cross
     residuals, source = residual_table(theorem1_csv, temperature_csv)
     para_not_run = skipped if theorem1_csv is None else None
     if residuals is None and not para_not_run:
@@ -275,7 +299,7 @@ def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
     `metrics` (trained models), `table1`..`table4` (Markdown; 3-4 when prune ran),
     `table1csv`, `table2csv`, `table3csv` and `curves` (the prune stage's, when prune ran),
     `entropy` (store), `temperature` (the temperature figure's JSON) and `temperaturecsv` (its
-    curves), `theorem1` (the every-head Theorem 1 table, optional), `decomposed` (the decomposed
+    curves), `theorem1` (the every-head Theorem 1 table, optional) and `theorem1curves` (its curves, optional), `decomposed` (the decomposed
     stores, a list), `stability` (store) and `stabilitymd` (its table) where the model has a
     `stability` section. outs: `md`, and the claims table as `claims_csv` and `claims_rst`
     (reStructuredText, the report's opening page).
@@ -289,7 +313,7 @@ def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
                             inputs.get(f"table3csv_{name}"), fraction, inputs.get(f"stability_{name}"),
                             temperature_csv=inputs.get(f"temperaturecsv_{name}"),
                             theorem1_csv=inputs.get(f"theorem1_{name}"), curves_csv=inputs.get(f"curves_{name}"),
-                            decomposed_stores=decomposed)
+                            decomposed_stores=decomposed, theorem1_curves_csv=inputs.get(f"theorem1curves_{name}"))
         claims += _masked_said(mine, store.read_store(inputs[f"entropy_{name}"], lazy=True).attrs)
         t2 = pd.read_csv(inputs[f"table2csv_{name}"])
         entropies[name] = (kind, t2["network_entropy"].to_numpy(),

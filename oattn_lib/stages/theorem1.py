@@ -20,16 +20,20 @@ import pandas as pd
 from .. import store
 from ..questionnaire import questionnaire2d
 from ..smoothness import residual_smoothness
+from ..temperature import residual_curve, temperature_grid
 from .common import head_array, model_mask
 
 log = logging.getLogger("oattn")
 
-__all__ = ["COLUMNS", "chosen_heads", "theorem1"]
+__all__ = ["COLUMNS", "CURVE_COLUMNS", "chosen_heads", "theorem1"]
 
 COLUMNS = ["sample", "layer", "head", "order", "seed", "residual", "corollary1_residual", "alpha_softmax",
            "alpha_residual"]
 """The table's columns: `order` is "2-D organized", "original" or "random" (`seed` its index; -1 for
 the other two)."""
+CURVE_COLUMNS = ["sample", "layer", "head", "order", "seed", "tau", "residual"]
+"""The curves' columns: each head's relative residual at every temperature of the grid, in every order
+(the temperature figure's measure, docs/method.md §7.6, for every head)."""
 
 
 def chosen_heads(layers, heads, max_heads: int, seed: int, sample: int) -> list[tuple[int, int]]:
@@ -43,11 +47,15 @@ def chosen_heads(layers, heads, max_heads: int, seed: int, sample: int) -> list[
 
 
 def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int, max_heads: int,
-             random_orders: int, seed: int, questionnaire2d_iters: int, crop=None) -> None:
+             random_orders: int, seed: int, questionnaire2d_iters: int, crop=None, out_curves=None,
+             temperature_taus: int = 17) -> None:
     """The Theorem 1 table of one model (module docstring) from its first `samples` attention
-    stores, written to `out_csv`; a store without pre-softmax scores gives a table with no row
+    stores, written to `out_csv`, and with `out_curves` every measured head's residual against the
+    logit temperature (`temperature.residual_curve` on `temperature.temperature_grid(temperature_taus)`,
+    tau = 1 the model) in every order; a store without pre-softmax scores gives tables with no row
     (its reason in the log: the temperature figure records it for the claims)."""
-    rows = []
+    rows, curves = [], []
+    taus = temperature_grid(temperature_taus)
     start = time.perf_counter()
     chosen = attention_stores[:samples]
     for s, path in enumerate(chosen):
@@ -72,10 +80,16 @@ def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int, 
                     log.info("theorem1: sample %d head %d.%d, %s order: %s", s, layer, head, name, exc)
                     vals = (np.inf, np.inf, np.nan, np.nan)
                 rows.append(dict(zip(COLUMNS, (s, layer, head, name, k, *(float(v) for v in vals)))))
+                if out_curves is not None:
+                    curve = residual_curve(g, taus, r, c, allowed)
+                    curves += [dict(zip(CURVE_COLUMNS, (s, layer, head, name, k, float(t), float(v))))
+                               for t, v in zip(taus, curve)]
         log.info("theorem1: sample %d of %d, %d heads at %d x %d tokens, %.1f s in all", s + 1, len(chosen),
                  len(units), g.shape[0], g.shape[1], time.perf_counter() - start)
     df = pd.DataFrame(rows, columns=COLUMNS)
     store.atomic_write_text(out_csv, df.to_csv(index=False))
+    if out_curves is not None:
+        store.atomic_write_text(out_curves, pd.DataFrame(curves, columns=CURVE_COLUMNS).to_csv(index=False))
     if len(df):
         med = df.groupby("order")[["residual", "alpha_softmax", "alpha_residual"]].median()
         log.info("theorem1 %s: medians by order\n%s", model_name, med.to_string())

@@ -446,6 +446,7 @@ def summary_inputs(wildcards):
         inputs[f"entropy_{name}"] = ENTROPY.format(model=name)
         inputs[f"temperature_{name}"] = f"{R}/{name}/figures/temperature.json"
         inputs[f"theorem1_{name}"] = f"{R}/{name}/figures/theorem1.csv"
+        inputs[f"theorem1curves_{name}"] = f"{R}/{name}/figures/theorem1_curves.csv"
         # the claims: Theorem 1's residuals per head-sample, the diffusion map of every sample
         inputs[f"temperaturecsv_{name}"] = f"{R}/{name}/figures/temperature.csv"
         inputs[f"decomposed_{name}"] = [DECOMPOSED.format(model=name, sample=i) for i in samples(name)]

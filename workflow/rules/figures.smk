@@ -54,6 +54,7 @@ rule theorem1:
         kernels=KERNELS,
     output:
         csv=f"{R}/{{model}}/figures/theorem1.csv",
+        curves=f"{R}/{{model}}/figures/theorem1_curves.csv",
     log:
         f"{R}/logs/{{model}}/theorem1.log",
     benchmark:
