@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .paraproduct import paraproduct, relative_residuals
 
 __all__ = ["Crossover", "attention_mask", "crossover", "crossover_counts", "geometric_mean", "relative_residual",
            "residual_curve", "temperature_grid"]
@@ -70,6 +69,8 @@ def relative_residual(logits, row_order=None, col_order=None, allowed=None) -> f
     softmax (module docstring); rows with no allowed entry are left out. Raises
     ValueError when the result is not finite (`paraproduct` cannot represent it).
     """
+    from .paraproduct import paraproduct  # torch: not for the readers of curves (crossover, the claims)
+
     f = np.asarray(logits, dtype=np.float64)
     return float(paraproduct(f, row_order=row_order, col_order=col_order, allowed=allowed).relative_residual)
 
@@ -81,6 +82,8 @@ def residual_curve(logits, taus, row_order=None, col_order=None, allowed=None) -
     (`paraproduct.relative_residuals`). NaN marks a residual float64 cannot represent;
     a bad argument, such as a wrong order, is raised.
     """
+    from .paraproduct import relative_residuals
+
     return relative_residuals(np.asarray(logits, dtype=np.float64), taus, row_order, col_order, allowed=allowed)
 
 
