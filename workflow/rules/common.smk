@@ -235,7 +235,7 @@ def analysis_params(wildcards):
     masked entries only where scores are analysed (probabilities are 0 there whatever it says, so
     changing it reruns nothing of a model analysing probs)."""
     ex = ANALYSED[wildcards.model]["extract"]
-    masked = ex.get("masked", "row_mean") if ex["quantity"] == "scores" else "keep"
+    masked = ex["masked"] if ex["quantity"] == "scores" else "keep"
     return {"quantity": ex["quantity"], "crop": ex.get("crop"), "masked": masked}
 
 
