@@ -17,7 +17,7 @@ import yaml
 from .models import adapter
 from .units import resolve_unit
 
-__all__ = ["ConfigError", "SCHEMA", "validate_config", "check_config", "coerce_config", "canonical",
+__all__ = ["ConfigError", "SCHEMA", "validate_config", "defaults_validator", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
            "softmax_free_bases", "stability_samples", "explorer_parts",
            "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES",
@@ -167,6 +167,27 @@ def canonical(value):
     return value
 
 
+def defaults_validator(schema: dict):
+    """The schema's validator (JSON Schema 2020-12, its `$ref`s within the file) that also fills
+    in each absent property's `default` before validating the object, as Snakemake's
+    `validate(..., set_default=True)` does, without Snakemake: a notebook or a machine without
+    the workflow's packages validates a config the same way. Each default is a copy, so no two
+    places share one mutable default. `schema`: the loaded schema (a dict)."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, props, instance, schema):
+        if validator.is_type(instance, "object"):
+            for name, sub in props.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from properties(validator, props, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
+
+
 def validate_config(config: dict, schema_path: str) -> None:
     """Coerce values to the schema's types, validate (filling in defaults), run
     `check_config`, and put the config in canonical key order, all in place.
@@ -175,8 +196,6 @@ def validate_config(config: dict, schema_path: str) -> None:
     page of jsonschema output.
     """
     import jsonschema
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
 
     with open(schema_path) as f:
         schema = yaml.safe_load(f)
@@ -189,12 +208,8 @@ def validate_config(config: dict, schema_path: str) -> None:
             for key in ("data", "arch", "train"):
                 m.setdefault(key, {})
     try:
-        validate(config, schema_path, set_default=True)
-    except WorkflowError as exc:
-        # snakemake raises its WorkflowError while handling jsonschema's error
-        err = exc.__cause__ or exc.__context__
-        if not isinstance(err, jsonschema.ValidationError):
-            raise
+        defaults_validator(schema).validate(config)
+    except jsonschema.ValidationError as err:
         raise ConfigError(_one_line(err)) from None
     # defaults filled in by the schema take the same forms as given values
     coerce_config(config, schema)

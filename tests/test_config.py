@@ -227,3 +227,41 @@ def test_a_subset_store_needs_only_its_own_model_pruning_off(config):
     config["models"][2]["prune"] = {"enabled": False}
     validate_config(config, SCHEMA)
     assert config["prune"]["enabled"] is True
+
+
+
+@pytest.mark.parametrize("preset", [None, "llm.yaml", "paper.yaml", "test.yaml"])
+def test_defaults_are_filled_as_snakemake_fills_them(config, preset):
+    """`defaults_validator` fills in what Snakemake's `validate(..., set_default=True)` fills in,
+    without Snakemake (a notebook, a GPU node without the workflow's packages)."""
+    from snakemake.utils import validate
+
+    from oattn_lib.config import coerce_config, defaults_validator
+    if preset:
+        config.update(yaml.safe_load((REPO / "workflow" / "presets" / preset).read_text()))
+    schema = yaml.safe_load(Path(SCHEMA).read_text())
+    coerce_config(config, schema)
+    ours, theirs = copy.deepcopy(config), copy.deepcopy(config)
+    defaults_validator(schema).validate(ours)
+    validate(theirs, SCHEMA, set_default=True)
+    assert ours == theirs and ours != config
+
+
+def test_validation_needs_no_snakemake(tmp_path):
+    """With snakemake unimportable, the embedded default validates to what it validates to here."""
+    import json
+    import os
+    import subprocess
+    import sys
+    stub = tmp_path / "snakemake"
+    stub.mkdir()
+    (stub / "__init__.py").write_text("raise ImportError('no snakemake here')\n")
+    code = ("import json, sys, yaml; from oattn_lib.config import validate_config; "
+            f"c = yaml.safe_load(open({str(REPO / 'config.yaml')!r})); validate_config(c, {SCHEMA!r}); "
+            "assert 'snakemake' not in sys.modules; print(json.dumps(c))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"})
+    assert out.returncode == 0, out.stderr
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    validate_config(config, SCHEMA)
+    assert json.loads(out.stdout) == json.loads(json.dumps(config))
