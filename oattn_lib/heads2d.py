@@ -18,7 +18,7 @@ import numpy as np
 from . import store
 from .paraproduct import paraproduct
 from .questionnaire import questionnaire2d
-from .stages.common import head_array, model_mask
+from .stages.common import head_array, model_mask, on_device
 from .trees import PartitionTree, from_padded
 
 __all__ = ["HeadOrganization", "organize_head", "figure_units", "heads_for_2d", "units_2d", "sample_organizations",
@@ -38,12 +38,13 @@ class HeadOrganization:
     relative_residual_unorganized: float
 
 
-def organize_head(logits: np.ndarray, n_iters: int, allowed=None) -> HeadOrganization:
+def organize_head(logits: np.ndarray, n_iters: int, allowed=None, device="cpu") -> HeadOrganization:
     """A head's 2-D organization from its pre-softmax scores (docs/method.md §5.3) and the paraproduct
     residual of the organized and the unorganized head against the model's own (masked)
-    softmax (docs/method.md §7), as the decompose stage computes them for the figure heads."""
+    softmax (docs/method.md §7), as the decompose stage computes them for the figure heads. The
+    questionnaire runs on the device `device` resolves to (`runtime.resolve_device`)."""
     g = np.asarray(logits, dtype=np.float64)
-    tree_r, tree_c = questionnaire2d(g, n_iters=n_iters)
+    tree_r, tree_c = questionnaire2d(on_device(g, device), n_iters=n_iters)
     pp = paraproduct(g, row_order=tree_r.order, col_order=tree_c.order, allowed=allowed)
     pu = paraproduct(g, allowed=allowed)
     return HeadOrganization(tree_r, tree_c, np.asarray(pp.residual, dtype=np.float64),
@@ -88,7 +89,8 @@ def units_2d(entropy_store, figure_heads, heads_2d: int) -> tuple[list[int], np.
 
 
 def sample_organizations(attention_store, decomposed_store, units: list[int], layers, heads, *, quantity: str,
-                         crop=None, questionnaire2d_iters: int) -> tuple[dict[int, HeadOrganization], int, str | None]:
+                         crop=None, questionnaire2d_iters: int,
+                         device="cpu") -> tuple[dict[int, HeadOrganization], int, str | None]:
     """{unit: its 2-D organization} of one sample, the number computed here (the others are the
     decompose stage's figure heads, read from `decomposed_store` where it holds their trees), and
     why none were made (a store without pre-softmax scores) or None."""
@@ -113,7 +115,7 @@ def sample_organizations(attention_store, decomposed_store, units: list[int], la
                                        float(fig["fig_rel_residual_unorganized"][j]))
             continue
         g = head_array(att, "scores", layer, head, crop, where=str(attention_store)).astype(np.float32)
-        o = organize_head(g, questionnaire2d_iters, model_mask(att, layer, head, g, crop))
+        o = organize_head(g, questionnaire2d_iters, model_mask(att, layer, head, g, crop), device=device)
         # the residual as the stores keep it (float32, like the decompose stage's), so that a
         # page built from the stores and one built in a notebook show the same numbers
         orgs[u] = dataclasses.replace(o, residual=o.residual.astype(np.float32).astype(np.float64))

@@ -7,4 +7,5 @@ setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 organize2d_samples(list(snakemake.input.attention), list(snakemake.input.decomposed), snakemake.input.entropy,
                    list(snakemake.output.store), config_slice={**p.analysis, "organize2d": p.organize2d}, code=p.code,
-                   quantity=p.analysis["quantity"], crop=p.analysis["crop"], **p.organize2d)
+                   quantity=p.analysis["quantity"], crop=p.analysis["crop"], device=p.device,
+                   **p.organize2d)

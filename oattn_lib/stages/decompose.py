@@ -18,7 +18,7 @@ from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
 from ..trees import balanced_tree, padded_labels, random_tree
 from ..units import resolve_unit
-from .common import each_sample, head_array, load_organization, model_mask, read_network
+from .common import each_sample, head_array, load_organization, model_mask, on_device, read_network
 
 log = logging.getLogger("oattn")
 
@@ -40,9 +40,10 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
               masked: str = "row_mean") -> None:
     """bi-Haar per head, tri-Haar of the network, random-tree baselines, the figure heads'
     2-D organization and paraproduct, and the diffusion map of heads (docs/method.md §3, §6, §7, §8). The Haar
-    expansions run on the device `device` resolves to (`runtime.resolve_device`). A store without
-    pre-softmax scores gets the figure heads' 2-D organization of `quantity` and no paraproduct
-    (NaN, the reason in the attribute `paraproduct_not_run`).
+    expansions and the figure heads' 2-D questionnaires run on the device `device` resolves to
+    (`runtime.resolve_device`). A store without pre-softmax scores gets the figure heads' 2-D
+    organization of `quantity` and no paraproduct (NaN, the reason in the attribute
+    `paraproduct_not_run`).
 
     Stored of the expansions (docs/method.md §6.6): the `coarse_coefficients` coarsest bi-Haar
     coefficients of each head and tri-Haar coefficients of the network (coarsest first, with
@@ -109,7 +110,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
         fig["original"].append(f)
         fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
         if no_scores:
-            tr, tc = questionnaire2d(f.astype(np.float64), n_iters=questionnaire2d_iters)
+            tr, tc = questionnaire2d(on_device(f.astype(np.float64), device), n_iters=questionnaire2d_iters)
             orders.append((tr.order, tc.order))
             trees2d.append((tr, tc))
             fig["organized2d"].append(f[np.ix_(tr.order, tc.order)])
@@ -119,7 +120,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
             rel_unorg.append(np.nan)
             continue
         g = head_array(ds, "scores", layer, head, crop, where=attention_store).astype(np.float64)
-        tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
+        tr, tc = questionnaire2d(on_device(g, device), n_iters=questionnaire2d_iters)
         # a causal head is compared with the model's own masked softmax (docs/method.md §7.5)
         allowed = model_mask(ds, layer, head, g, crop)
         pp = paraproduct(g, row_order=tr.order, col_order=tc.order, allowed=allowed)

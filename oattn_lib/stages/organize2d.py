@@ -27,15 +27,16 @@ __all__ = ["organize2d", "organize2d_samples"]
 
 def organize2d(attention_store, decomposed_store, entropy_store, out, *, quantity: str, crop=None,
                figure_heads, heads_2d: int, questionnaire2d_iters: int, config_slice: dict | None = None,
-               code: str | None = None) -> None:
+               code: str | None = None, device="cpu") -> None:
     """Write `out`: the 2-D organization (row and column trees), paraproduct residual and relative
-    residuals of each head `units_2d` picks, for one sample. A store without pre-softmax scores
-    gets none (the reason in the attribute `not_run`)."""
+    residuals of each head `units_2d` picks, for one sample, the questionnaires on the device
+    `device` resolves to. A store without pre-softmax scores gets none (the reason in the attribute
+    `not_run`)."""
     t0 = time.perf_counter()
     units, layers, heads = units_2d(entropy_store, figure_heads, heads_2d)
     orgs, computed, not_run = sample_organizations(attention_store, decomposed_store, units, layers, heads,
                                                    quantity=quantity, crop=crop,
-                                                   questionnaire2d_iters=questionnaire2d_iters)
+                                                   questionnaire2d_iters=questionnaire2d_iters, device=device)
     kept = list(orgs)
     n_q, n_k = orgs[kept[0]].residual.shape if kept else (0, 0)
     att_attrs = store.read_store(attention_store, lazy=True).attrs

@@ -42,7 +42,7 @@ def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
     return out
 
 
-def _residuals(heads: list, pert_name: str, rng_of) -> np.ndarray:
+def _residuals(heads: list, pert_name: str, rng_of, device="cpu") -> np.ndarray:
     """Relative paraproduct residual of each figure head (scores g, allowed mask) after the
     perturbation: its own 2-D organization and paraproduct (docs/method.md §7), NaN for sibling
     (the paraproduct has no Haar basis, so no sibling ranks)."""
@@ -56,7 +56,7 @@ def _residuals(heads: list, pert_name: str, rng_of) -> np.ndarray:
         ap = allowed
         if p.perms is not None and allowed is not None:
             ap = allowed[np.ix_(p.perms[0], p.perms[1])]
-        tr, tc = questionnaire2d(gp, n_iters=iters)
+        tr, tc = questionnaire2d(on_device(gp, device), n_iters=iters)
         out.append(float(paraproduct(gp, row_order=tr.order, col_order=tc.order, allowed=ap).relative_residual))
     return np.asarray(out, dtype=np.float64)
 
@@ -119,7 +119,7 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
             # each figure head's own random state, apart from the tensor's (replicate_rng)
             row["paraproduct_residual"] = (ref_residual if name == REFERENCE else _residuals(
                 figs, name, lambda i, n=name, j=index: np.random.default_rng(
-                    [int(settings["seed"]), int(sample), PERTURBATIONS.index(n), int(j), 1 + i])))
+                    [int(settings["seed"]), int(sample), PERTURBATIONS.index(n), int(j), 1 + i]), device))
         rows.append(row)
         log.info("sample %d, replicate %d/%d (%s #%d): network entropy %.6g, trees %s", sample, r + 1, len(plan),
                  name, index, row["network_entropy"],

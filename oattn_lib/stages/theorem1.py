@@ -21,7 +21,7 @@ from .. import store
 from ..questionnaire import questionnaire2d
 from ..smoothness import residual_smoothness
 from ..temperature import residual_curve, temperature_grid
-from .common import head_array, model_mask
+from .common import head_array, model_mask, on_device
 
 log = logging.getLogger("oattn")
 
@@ -48,12 +48,13 @@ def chosen_heads(layers, heads, max_heads: int, seed: int, sample: int) -> list[
 
 def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int, max_heads: int,
              random_orders: int, seed: int, questionnaire2d_iters: int, crop=None, out_curves=None,
-             temperature_taus: int = 17) -> None:
+             temperature_taus: int = 17, device="cpu") -> None:
     """The Theorem 1 table of one model (module docstring) from its first `samples` attention
     stores, written to `out_csv`, and with `out_curves` every measured head's residual against the
     logit temperature (`temperature.residual_curve` on `temperature.temperature_grid(temperature_taus)`,
     tau = 1 the model) in every order; a store without pre-softmax scores gives tables with no row
-    (its reason in the log: the temperature figure records it for the claims)."""
+    (its reason in the log: the temperature figure records it for the claims). The questionnaires
+    run on the device `device` resolves to (`runtime.resolve_device`)."""
     rows, curves = [], []
     taus = temperature_grid(temperature_taus)
     start = time.perf_counter()
@@ -67,7 +68,7 @@ def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int, 
         for layer, head in units:
             g = head_array(att, "scores", layer, head, crop, where=path).astype(np.float64)
             allowed = model_mask(att, layer, head, g, crop)
-            tr, tc = questionnaire2d(g, n_iters=questionnaire2d_iters)
+            tr, tc = questionnaire2d(on_device(g, device), n_iters=questionnaire2d_iters)
             rng = np.random.default_rng([seed, s, layer, head])
             orders = [("2-D organized", -1, tr.order, tc.order), ("original", -1, None, None)]
             orders += [("random", k, rng.permutation(g.shape[0]), rng.permutation(g.shape[1]))

@@ -295,7 +295,8 @@ def model_job_resources(stage):
     return {"mem_mb": mem_mb, "runtime": runtime, **gpu}
 
 
-# organize and decompose: a GPU each when asked for (resources.analysis_gpu), for the engine
+# the analysis stages (organize, decompose, organize2d, theorem1): a GPU each when asked for
+# (resources.analysis_gpu), for the engine and the 2-D questionnaires
 ANALYSIS_GPU = {"gpu": config["resources"]["analysis_gpu"]} if config["resources"]["analysis_gpu"] > 0 else {}
 
 

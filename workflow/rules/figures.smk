@@ -63,8 +63,10 @@ rule theorem1:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
+        **ANALYSIS_GPU,
         **analysis_resources("figures"),
     params:
+        device=config["device"],
         theorem1=config["theorem1"],
         questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
         crop=analysis_crop,

@@ -24,9 +24,11 @@ rule organize2d:
         "../../envs/oattn.yaml"
     threads: 1
     resources:
+        **ANALYSIS_GPU,
         **analysis_resources("organize2d"),
     params:
         analysis=analysis_params,
+        device=config["device"],
         organize2d=ORGANIZE2D,
         code=code_version("organize2d"),
     script:
@@ -55,9 +57,11 @@ for _k in SHOWN_BATCH_SIZES:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
+            **ANALYSIS_GPU,
             **analysis_resources("organize2d"),
         params:
             analysis=analysis_params,
+            device=config["device"],
             organize2d=ORGANIZE2D,
             code=code_version(f"organize2d_{_k}_samples", "organize2d"),
         script:
