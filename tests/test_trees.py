@@ -402,3 +402,71 @@ def test_tie_order_ranks_a_tie_by_the_secondary_key_then_by_index():
     rows = np.stack([v, v[::-1]])
     sec = np.stack([np.array([0, 5, 4, 5, 0.0]), np.array([0, 9, 0, 7, 0.0])])
     assert tie_order(rows, secondary=sec).tolist() == [[2, 1, 3, 4, 0], [2, 3, 1, 0, 4]]
+
+
+# -- the partial eigensolver of large trees -----------------------------------------------------
+def _normalised_affinity(n: int, seed: int = 0) -> np.ndarray:
+    """P of `trees._diffusion_embedding` for a structured affinity of n items (7 groups + noise)."""
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 40))
+    x[:, :3] *= 5 * (np.arange(n) % 7)[:, None] / 7
+    g = x @ x.T
+    g /= np.sqrt(np.outer(np.diag(g), np.diag(g)))
+    a = np.exp(-(1 - g) / 0.05)
+    a *= a > 1e-8
+    d = a.sum(1)
+    p1 = a / np.outer(d, d)
+    d2 = np.sqrt(p1.sum(1))
+    return p1 / np.outer(d2, d2), a
+
+
+def test_inertia_counts_the_eigenvalues_above_a_threshold():
+    from oattn_lib.trees import _inertia_above
+    rng = np.random.default_rng(1)
+    m = rng.standard_normal((60, 60))
+    m = m + m.T
+    w = np.linalg.eigvalsh(m)
+    for theta in (-5.0, -0.3, 0.0, 2.5, w[40] + 1e-6, w[-1] + 1.0):
+        assert _inertia_above(m, theta) == int((w > theta).sum())
+
+
+def test_partial_eigenpairs_are_the_full_solvers_largest():
+    from oattn_lib.trees import _top_eigenpairs
+    p, _ = _normalised_affinity(1100)
+    w, v = _top_eigenpairs(p, 12)
+    wf, vf = np.linalg.eigh(p)
+    top = np.argsort(np.abs(wf))[::-1][:12]
+    order = np.argsort(np.abs(w))[::-1]
+    np.testing.assert_allclose(np.abs(w[order]), np.abs(wf[top]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.abs((v[:, order] * vf[:, top]).sum(0)), 1.0, atol=1e-9)
+
+
+def test_a_skipped_eigenvalue_falls_back_to_every_eigenpair(monkeypatch):
+    """Lanczos from one vector can miss a repeated eigenvalue and return the next one instead:
+    the inertia count sees the gap, and the embedding comes from the full solver."""
+    import scipy.sparse.linalg
+
+    from oattn_lib import trees
+    p, _ = _normalised_affinity(1100)
+    eigsh = scipy.sparse.linalg.eigsh
+
+    def skipping(a, k, **kw):
+        w, v = eigsh(a, k=k + 1, **kw)
+        keep = np.argsort(np.abs(w))[::-1]
+        keep = np.delete(keep, 1)  # the second largest is missed
+        return w[keep], v[:, keep]
+
+    monkeypatch.setattr(scipy.sparse.linalg, "eigsh", skipping)
+    assert trees._top_eigenpairs(p, 12) is None
+    u, s = trees._top_singular(p, 12)
+    wf = np.linalg.eigvalsh(p)
+    np.testing.assert_allclose(s, np.sort(np.abs(wf))[::-1][:12], atol=1e-12)
+
+
+def test_a_large_tree_is_the_one_every_eigenpair_gives(monkeypatch):
+    from oattn_lib import trees
+    _, a = _normalised_affinity(1024, seed=2)
+    partial = trees.flexible_tree(a)
+    monkeypatch.setattr(trees, "PARTIAL_EIGEN_MIN", 10 ** 9)
+    full = trees.flexible_tree(a)
+    np.testing.assert_array_equal(partial.labels, full.labels)
