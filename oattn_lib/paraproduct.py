@@ -161,33 +161,39 @@ def _approximation(blocks: _Blocks, tau: float = 1.0):
     and its ancestors, and corrected by exp(sigma(parent) - sigma(child)) <= 1 on the way
     down, which ends at exp(-s_i) on every row. Work: about 4 N M entries in all (a dense
     sum over every scale pair is N M (J_r + 1)(J_c + 1)).
+
+    `tau` a float gives (N, M) and (N,); a 1-D tensor of T temperatures gives (T, N, M) and
+    (T, N), each temperature's the same numbers as alone: the loop over the level pairs is
+    run once for all of them.
     """
     rows, cols = blocks.rows, blocks.cols
     jr, jc = rows.depth, cols.depth
+    single = not isinstance(tau, torch.Tensor)
+    t = torch.as_tensor([tau] if single else tau, dtype=blocks.compact.dtype, device=blocks.compact.device)
 
     def e(a, b):
-        return tau * blocks.block(a, b)
+        return t[:, None, None] * blocks.block(a, b)
 
-    per_folder = tau * blocks.compact.amax(1)  # tau > 0: the largest exponent of each row folder
-    sigma = [per_folder[rows.span(0)]]
+    per_folder = t[:, None] * blocks.compact.amax(1)  # tau > 0: the largest exponent of each row folder
+    sigma = [per_folder[:, rows.span(0)]]
     for a in range(1, jr + 1):
-        sigma.append(torch.maximum(sigma[a - 1][rows.parents[a]], per_folder[rows.span(a)]))
+        sigma.append(torch.maximum(sigma[a - 1][:, rows.parents[a]], per_folder[:, rows.span(a)]))
 
     def term(a, b):
-        s = sigma[a][:, None]
+        s = sigma[a][:, :, None]
         if a == 0 and b == 0:
             return torch.exp(e(0, 0) - s)
         if a == 0:
-            e0 = e(0, b - 1)[:, cols.parents[b]]
+            e0 = e(0, b - 1)[:, :, cols.parents[b]]
             return torch.exp(e0 - s) * (e(0, b) - e0)
         pr = rows.parents[a]
         if b == 0:
-            e0 = e(a - 1, 0)[pr]
+            e0 = e(a - 1, 0)[:, pr]
             return torch.exp(e0 - s) * (e(a, 0) - e0)
         pc = cols.parents[b]
-        e01 = e(a - 1, b)[pr]                  # E_{j, j'+1}, with j = a - 1, j' = b - 1
-        e00 = e(a - 1, b - 1)[pr][:, pc]       # E_{j, j'}
-        dx0 = e(a, b - 1)[:, pc] - e00         # Dx_{j, j'}
+        e01 = e(a - 1, b)[:, pr]                  # E_{j, j'+1}, with j = a - 1, j' = b - 1
+        e00 = e(a - 1, b - 1)[:, pr][:, :, pc]    # E_{j, j'}
+        dx0 = e(a, b - 1)[:, :, pc] - e00         # Dx_{j, j'}
         # D + Dx Dy = Dx_{j,j'+1} - Dx_{j,j'} + Dx_{j,j'} Dy_{j,j'}
         return torch.exp(e00 - s) * ((e(a, b) - e01) + dx0 * ((e01 - e00) - 1.0))
 
@@ -195,13 +201,14 @@ def _approximation(blocks: _Blocks, tau: float = 1.0):
     for a in range(jr + 1):
         acc = term(a, 0)
         for b in range(1, jc + 1):
-            acc = acc[:, cols.parents[b]] + term(a, b)
+            acc = acc[:, :, cols.parents[b]] + term(a, b)
         if total is None:
             total = acc
         else:
             pr = rows.parents[a]
-            total = total[pr] * torch.exp(sigma[a - 1][pr] - sigma[a])[:, None] + acc
-    return total[rows.labels[jr]][:, cols.labels[jc]], sigma[jr][rows.labels[jr]]
+            total = total[:, pr] * torch.exp(sigma[a - 1][:, pr] - sigma[a])[:, :, None] + acc
+    approx, shift = total[:, rows.labels[jr]][:, :, cols.labels[jc]], sigma[jr][:, rows.labels[jr]]
+    return (approx[0], shift[0]) if single else (approx, shift)
 
 
 def _telescoping_coefficients(jr: int, jc: int) -> np.ndarray:
@@ -381,7 +388,9 @@ def relative_residuals(f, taus, row_order=None, col_order=None, n_scales=None, a
     cannot represent it (the ValueErrors about range that `paraproduct` raises).
 
     The block averages of tau f are tau times those of f, so the organized head and its
-    block averages are computed once and each temperature costs a few passes over N x M.
+    block averages are computed once and each temperature costs a few passes over N x M; the
+    temperatures go through the paraproduct's levels together (`BATCH_ENTRIES` at a time), in
+    the same operations, and tau = 1 alone, exactly as `paraproduct` computes it.
     Bad arguments (f, an order, n_scales, allowed, a tau <= 0) raise ValueError naming them.
 
     f : float (N, M); taus : float (T,); allowed : bool (N, M) or None. Returns float64 (T,).
@@ -392,11 +401,52 @@ def relative_residuals(f, taus, row_order=None, col_order=None, n_scales=None, a
         raise ValueError(f"taus: expected a 1-D array of positive finite temperatures, got {taus!r}")
     organized, mask, blocks, _, _ = _prepare(x, row_order, col_order, n_scales, allowed)
     out = np.full(t.size, np.nan)
-    for i, tau in enumerate(t.tolist()):
+    # tau = 1 (the model) as `paraproduct` computes it, to the last bit; the others in batches
+    for i in np.flatnonzero(t == 1.0):
         try:
-            out[i] = _softmax_parts(organized, mask, blocks, tau)[3]
-        except ValueError:   # _softmax_parts raises only about float64's range
+            out[i] = _softmax_parts(organized, mask, blocks)[3]
+        except ValueError:  # _softmax_parts raises only about float64's range
             pass
+    rest = np.flatnonzero(t != 1.0)
+    per_chunk = max(1, BATCH_ENTRIES // organized.numel())
+    for i in range(0, rest.size, per_chunk):
+        out[rest[i:i + per_chunk]] = _relative_residual_batch(organized, mask, blocks, t[rest[i:i + per_chunk]])
+    return out
+
+
+BATCH_ENTRIES = 1 << 22
+"""`relative_residuals` computes this many entries' worth of temperatures at once (a few
+temporaries of T x N x M float64, 32 MB each): all of a 128-token head's temperatures, 4 of a
+1024-token head's, one at a time from 2048 tokens on."""
+
+
+def _relative_residual_batch(organized: torch.Tensor, mask, blocks: _Blocks, taus: np.ndarray) -> np.ndarray:
+    """`_softmax_parts(organized, mask, blocks, tau)[3]` for each tau of `taus` in one pass (the
+    same operations on a leading axis of temperatures), NaN where that raises (float64's range)."""
+    t = torch.as_tensor(taus, dtype=organized.dtype, device=organized.device)
+    approx_scaled, shift = _approximation(blocks, t)
+    scaled = t[:, None, None] * organized
+    visible = scaled if mask is None else scaled.masked_fill(~mask, float("-inf"))
+    rowmax = visible.amax(-1)
+    rowmax = torch.where(torch.isfinite(rowmax), rowmax, torch.zeros_like(rowmax))
+    z = torch.exp(visible - rowmax[..., None]).sum(-1)
+    z = torch.where(z > 0, z, torch.ones_like(z))
+    log_scale = (shift - rowmax - torch.log(z))[..., None]
+    direct = approx_scaled * torch.exp(log_scale.clamp(max=700.0))
+    via_log = torch.sign(approx_scaled) * torch.exp(torch.log(approx_scaled.abs()) + log_scale)
+    approximation = torch.where(log_scale <= 700.0, direct, via_log)
+    if mask is None:
+        exact = torch.softmax(scaled, dim=-1)
+    else:
+        exact = torch.exp(visible - rowmax[..., None]) / z[..., None]
+        approximation = torch.where(mask, approximation, torch.zeros_like(approximation))
+    residual = exact - approximation
+    ok = (torch.isfinite(approx_scaled).flatten(1).all(1) & torch.isfinite(residual).flatten(1).all(1)).tolist()
+    out = np.full(len(taus), np.nan)
+    for i in range(len(taus)):
+        if ok[i]:
+            rel = _norm(residual[i]) / _norm(exact[i])
+            out[i] = rel if np.isfinite(rel) else np.nan
     return out
 
 

@@ -93,7 +93,7 @@ def test_residuals_over_temperatures_are_the_paraproducts_of_the_scaled_head():
     got = relative_residuals(f, taus, r, c, allowed=allowed)
     want = [paraproduct(t * f, r, c, allowed=allowed).relative_residual for t in taus]
     np.testing.assert_allclose(got, want, rtol=1e-12)
-    assert got[2] == paraproduct(f, r, c, allowed=allowed).relative_residual
+    assert got[2] == paraproduct(f, r, c, allowed=allowed).relative_residual  # tau = 1: exactly its computation
     # +-800 rows: not representable at tau = 1, representable at tau = 0.5 (+-400)
     far = relative_residuals(FAR_APART["+-800"], [0.5, 1.0])
     assert np.isfinite(far[0]) and np.isnan(far[1])
@@ -319,3 +319,30 @@ def test_masked_head_is_compared_with_the_models_masked_softmax():
     np.testing.assert_allclose(same.approximation, full.approximation, rtol=1e-12)
     with pytest.raises(ValueError, match="allowed"):
         paraproduct(f, allowed=causal[:5])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_temperatures_in_batches_are_the_temperatures_one_at_a_time(monkeypatch, causal):
+    """The batched pass over the levels gives each temperature what it gives alone, in batches of
+    any size (a chunk boundary inside the grid), with NaN where float64 cannot represent it."""
+    import oattn_lib.paraproduct as pp
+    rng = np.random.default_rng(4)
+    f = 3.0 * _smooth_head(45, 38) + rng.standard_normal((45, 38))
+    r, c = rng.permutation(45), rng.permutation(38)
+    allowed = np.tril(np.ones((45, 38), dtype=bool)) if causal else None
+    taus = [0.05, 0.3, 1.0, 2.0, 7.0, 300.0]
+    far = FAR_APART["+-800"]  # not representable from tau = 1 on
+    far_taus = [0.1, 0.5, 2.0, 1.0, 0.25]
+    got = {}
+    for size in (None, 1, 3 * 45 * 38):
+        if size:
+            monkeypatch.setattr(pp, "BATCH_ENTRIES", size)
+        got[size] = (relative_residuals(f, taus, r, c, allowed=allowed), relative_residuals(far, far_taus))
+    alone = got.pop(1)
+    assert np.isfinite(alone[0][:3]).all()
+    np.testing.assert_array_equal(np.isnan(alone[1]), [False, False, True, True, False])
+    for batched in got.values():
+        for a, b in zip(batched, alone):
+            np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+        assert batched[0][2] == alone[0][2]
