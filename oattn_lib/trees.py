@@ -232,16 +232,24 @@ at 4096 items 1.3 s and two factorizations instead of 31 s on one thread (docs/m
 
 def _inertia_above(p: np.ndarray, theta: float) -> int:
     """How many eigenvalues of the symmetric `p` exceed `theta`: the positive eigenvalues of
-    p - theta I, by Sylvester's law of inertia from its LDL^T factorization (each 2 x 2 pivot
-    block of Bunch-Kaufman has one positive and one negative eigenvalue)."""
-    import scipy.linalg
+    p - theta I, by Sylvester's law of inertia from its Bunch-Kaufman factorization L D L^T
+    (LAPACK's dsytrf): D's 1 x 1 blocks count by their sign, each 2 x 2 block (a pair of negative
+    pivot indices) by the signs of its two eigenvalues (its determinant and trace)."""
+    import scipy.linalg.lapack
 
-    _, d, _ = scipy.linalg.ldl(p - theta * np.eye(len(p)), lower=True, hermitian=True, check_finite=False)
-    off = np.diag(d, -1) != 0
-    in_block = np.zeros(len(p), dtype=bool)
-    in_block[:-1] |= off
-    in_block[1:] |= off
-    return int(off.sum() + (np.diag(d)[~in_block] > 0).sum())
+    a = p - theta * np.eye(len(p))
+    lwork = int(scipy.linalg.lapack.dsytrf_lwork(len(p), lower=1)[0])
+    ldu, ipiv, info = scipy.linalg.lapack.dsytrf(a, lower=1, lwork=max(lwork, 1), overwrite_a=1)
+    if info < 0:
+        raise ValueError(f"dsytrf: argument {-info} is invalid")
+    d, off = np.diag(ldu), np.diag(ldu, -1)
+    first = np.flatnonzero(ipiv < 0)[0::2]  # the rows of a 2 x 2 block come in adjacent pairs
+    det = d[first] * d[first + 1] - off[first] ** 2
+    trace = d[first] + d[first + 1]
+    in_blocks = np.where(det < 0, 1, np.where(trace > 0, np.where(det > 0, 2, 1), 0)).sum()
+    single = np.ones(len(p), dtype=bool)
+    single[first] = single[first + 1] = False
+    return int(in_blocks + (d[single] > 0).sum())
 
 
 def _top_eigenpairs(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -392,6 +400,40 @@ def tie_order(values: np.ndarray, tol: float = TIE_TOLERANCE, secondary=None) ->
     return out
 
 
+NEIGHBOURS_SORTED = 32
+"""How many of each node's nearest neighbours `_greedy_merge` ranks up front (`tie_order_prefix`);
+a node that tries more gets its whole order then. A full sort of every row was most of a
+4096-item tree's merge time, and a node stops after a few neighbours."""
+
+
+def tie_order_prefix(values: np.ndarray, k: int, secondary=None) -> tuple[np.ndarray, np.ndarray]:
+    """The first `k` columns of `tie_order(values, secondary=secondary)` for a 2-D `values`
+    (rows, m), without sorting whole rows: (prefix (rows, k), complete (rows,) bool).
+
+    Each row's 2k smallest values are found by partition and ranked as `tie_order` ranks them.
+    The prefix is the full order's where the run of near-equal values at position k - 1 ends
+    before the last of those 2k (runs are consecutive in sorted order, so none of its members
+    is left out); `complete` is False on the other rows, whose prefix is not to be used."""
+    values = np.asarray(values)
+    n_rows, m = values.shape
+    if 2 * k >= m:
+        return tie_order(values, secondary=secondary)[:, :k], np.ones(n_rows, dtype=bool)
+    near = np.argpartition(values, 2 * k - 1, axis=-1)[:, :2 * k]
+    v = np.take_along_axis(values, near, axis=-1)
+    sec = None
+    if secondary is not None:
+        full_sec = secondary() if callable(secondary) else secondary
+        sec = np.take_along_axis(np.asarray(full_sec), near, axis=-1)
+    # rank the 2k by value, near-equal ones by the secondary key, then by index, as tie_order
+    by_index = np.argsort(near, axis=-1, kind="stable")
+    near, v = np.take_along_axis(near, by_index, axis=-1), np.take_along_axis(v, by_index, axis=-1)
+    if sec is not None:
+        sec = np.take_along_axis(sec, by_index, axis=-1)
+    local = tie_order(v, secondary=sec)
+    run = _runs(np.take_along_axis(v, np.argsort(v, axis=-1, kind="stable"), axis=-1), TIE_TOLERANCE)
+    return np.take_along_axis(near, local[:, :k], axis=-1), run[:, k - 1] < run[:, -1]
+
+
 def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None,
                   tiebreak=None) -> np.ndarray:
     """docs/method.md §2.3: group the current nodes at one level; returns a group id per node.
@@ -419,7 +461,28 @@ def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None,
         np.fill_diagonal(t, np.inf)
         return t
 
-    nn_order = tie_order(dist, secondary=None if tiebreak is None else secondary)
+    # each node's neighbours, nearest first: the first few of every row, a whole row when a
+    # node tries more of them (or where the few cannot be told apart from the rest)
+    sec_arg = None if tiebreak is None else secondary
+    k = min(NEIGHBOURS_SORTED, m)
+    prefix, complete = tie_order_prefix(dist, k, secondary=sec_arg)
+    whole = {}
+
+    def neighbours(i):
+        start = 0
+        if complete[i]:
+            yield from prefix[i, :m - 1]  # self, at 999, is last
+            start = k
+        if start < m - 1:
+            if i not in whole:
+                whole[i] = tie_order(dist[i], secondary=None if tiebreak is None else secondary()[i])
+            yield from whole[i][start:m - 1]
+
+    first = np.where(complete, prefix[:, 0], -1)
+    for i in np.flatnonzero(~complete):
+        whole[i] = tie_order(dist[i], secondary=None if tiebreak is None else secondary()[i])
+        first[i] = whole[i][0]
+    nn_order = first[:, None]
     nn_dist = dist[np.arange(m), nn_order[:, 0]]
     # visit ties: the node nearer its nearest neighbour by the tie-break goes first
     nn_tiebreak = None if tiebreak is None else (lambda: secondary()[np.arange(m), nn_order[:, 0]])
@@ -438,7 +501,7 @@ def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None,
             note("stop", i, -1)
             break
         outcome = ("single", i, -1)
-        for j in nn_order[i, : m - 1]:
+        for j in neighbours(i):
             dij = dist[i, j]
             if merges and dij >= med * lo and dij > 0:
                 outcome = ("median", i, j)

@@ -421,13 +421,19 @@ def _normalised_affinity(n: int, seed: int = 0) -> np.ndarray:
 
 
 def test_inertia_counts_the_eigenvalues_above_a_threshold():
+    """Against eigvalsh, on matrices whose factorization has 2 x 2 pivot blocks (a zero
+    diagonal forces them) and thresholds next to an eigenvalue."""
     from oattn_lib.trees import _inertia_above
     rng = np.random.default_rng(1)
-    m = rng.standard_normal((60, 60))
-    m = m + m.T
-    w = np.linalg.eigvalsh(m)
-    for theta in (-5.0, -0.3, 0.0, 2.5, w[40] + 1e-6, w[-1] + 1.0):
-        assert _inertia_above(m, theta) == int((w > theta).sum())
+    for trial in range(120):
+        n = int(rng.integers(2, 70))
+        m = rng.standard_normal((n, n))
+        m = m + m.T
+        if trial % 2:
+            np.fill_diagonal(m, 0.0)
+        w = np.linalg.eigvalsh(m)
+        for theta in (-5.0, 0.0, 3.0 * rng.standard_normal(), w[n // 2] - 1e-7, w[n // 2] + 1e-7, w[-1] + 1.0):
+            assert _inertia_above(m, theta) == int((w > theta).sum()), (trial, theta)
 
 
 def test_partial_eigenpairs_are_the_full_solvers_largest():
@@ -470,3 +476,52 @@ def test_a_large_tree_is_the_one_every_eigenpair_gives(monkeypatch):
     monkeypatch.setattr(trees, "PARTIAL_EIGEN_MIN", 10 ** 9)
     full = trees.flexible_tree(a)
     np.testing.assert_array_equal(partial.labels, full.labels)
+
+
+def test_a_prefix_of_the_tie_order_is_the_full_orders_first_columns():
+    from oattn_lib.trees import tie_order_prefix
+    rng = np.random.default_rng(5)
+    incomplete = 0
+    for trial in range(60):
+        m, rows = int(rng.integers(70, 300)), int(rng.integers(1, 12))
+        if trial % 2:  # runs of near-equal values, some longer than the prefix
+            v = rng.integers(0, 6, (rows, m)).astype(float) * (1 + 1e-8 * rng.standard_normal((rows, m)))
+        else:
+            v = rng.random((rows, m))
+        sec = np.round(rng.random((rows, m)), 1)
+        for k in (1, 4, 32):
+            for s in (None, sec, lambda: sec):
+                got, complete = tie_order_prefix(v, k, secondary=s)
+                np.testing.assert_array_equal(got[complete], tie_order(v, secondary=s)[complete, :k])
+                incomplete += int((~complete).sum())
+    assert incomplete > 0  # the check that a run may continue past the prefix was exercised
+
+
+@pytest.mark.parametrize("kind", ["points", "ties", "near_ties"])
+def test_the_merge_decides_as_with_every_neighbour_sorted(monkeypatch, kind):
+    """Ranking only the first few neighbours of each node (then a whole row where a node tries
+    more) makes every decision the full sort makes: the same groups, the same log."""
+    import oattn_lib.trees as trees
+    rng = np.random.default_rng(["points", "ties", "near_ties"].index(kind))
+    for _ in range(12):
+        m = int(rng.integers(5, 160))
+        if kind == "points":
+            x = rng.random((m, 3))
+            d = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
+        else:
+            d = rng.integers(1, 5, (m, m)).astype(float)
+            if kind == "near_ties":
+                d *= 1 + 1e-9 * rng.standard_normal((m, m))
+            d = d + d.T
+        np.fill_diagonal(d, 0.0)
+        tb = np.round(rng.random((m, m)), 1)
+        tb = tb + tb.T
+        for constant in (0.5, 1.0, 3.0):
+            for tiebreak in (None, tb):
+                got = []
+                for k in (2, 10 ** 6):
+                    monkeypatch.setattr(trees, "NEIGHBOURS_SORTED", k)
+                    log = []
+                    got.append((_greedy_merge(d, constant, log, tiebreak=tiebreak), log))
+                np.testing.assert_array_equal(got[0][0], got[1][0])
+                assert got[0][1] == got[1][1]
