@@ -15,6 +15,7 @@ import torch
 import xarray as xr
 
 from oattn_lib import store
+from scored_stores import planted, planted_store
 
 GPU = os.environ.get("OATTN_TEST_GPU_AS") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(GPU is None, reason="no CUDA device on this machine")
@@ -65,33 +66,6 @@ def _close(got: xr.Dataset, want: xr.Dataset, names, rtol: float = 1e-4) -> None
 def _same_trees(a: xr.Dataset, b: xr.Dataset, names) -> None:
     for name in names:
         np.testing.assert_array_equal(a[name].values, b[name].values, err_msg=name)
-
-
-def planted(seed: int, n: int = 24, n_layer: int = 2, n_head: int = 4) -> np.ndarray:
-    """(layer, head, query, key) scores with 3 query, 3 key and 2 head clusters far apart plus
-    small noise: a structure whose trees no rounding can change."""
-    rng = np.random.default_rng(seed)
-    cq, ck = np.arange(n) % 3, (np.arange(n) // 2) % 3
-    ch = np.arange(n_layer * n_head) % 2
-    pattern = rng.permutation(18).reshape(3, 3, 2).astype(float)
-    x = pattern[cq[:, None, None], ck[None, :, None], ch[None, None, :]] + 0.01 * rng.random((n, n, n_layer * n_head))
-    x = x * (1.0 + 0.5 * rng.permutation(n_layer * n_head))[None, None, :]
-    return x.transpose(2, 0, 1).reshape(n_layer, n_head, n, n).astype(np.float32)
-
-
-def planted_store(path, scores: np.ndarray, causal: bool = False):
-    n_layer, n_head, n, _ = scores.shape
-    allowed = np.tril(np.ones((n, n), dtype=bool)) if causal else np.ones((n, n), dtype=bool)
-    s = np.where(allowed, scores, -np.inf)
-    e = np.exp(s - s.max(-1, keepdims=True))
-    ds = xr.Dataset({"scores": (("layer", "head", "query", "key"), scores),
-                     "probs": (("layer", "head", "query", "key"), (e / e.sum(-1, keepdims=True)).astype(np.float32)),
-                     "allowed": (("layer", "query", "key"), np.broadcast_to(allowed, (n_layer, n, n)).copy())},
-                    coords={"layer": np.arange(n_layer), "head": np.arange(n_head), "query": np.arange(n),
-                            "key": np.arange(n), "kv_group": ("head", np.arange(n_head) // 2)},
-                    attrs={"model": "planted", "kind": "attention"})
-    store.write_store(ds, path)
-    return path
 
 
 # -- a tiny decoder with grouped key/value heads, saved as a user's model -------------------------

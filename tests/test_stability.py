@@ -19,36 +19,12 @@ from oattn_lib.stages.organize import organize
 from oattn_lib.stages.stability import stability
 from oattn_lib.stages.summary import replicate_verdicts
 from oattn_lib.trees import PartitionTree
+from scored_stores import planted
+from scored_stores import planted_store as attention_store
 
 ORGANIZE = dict(n_iters=2, alpha=0.0, beta=1.0, constant=1.0, eps=1.0, head_uses_initial_trees=False)
 SETTINGS = dict(replicates=2, perturbations=["ulp", "float16", "relabel", "sibling"], ulp_fraction=0.05, seed=0,
                 bootstrap=300, paraproduct=True)
-
-
-def planted(seed: int, n: int = 24, n_layer: int = 2, n_head: int = 4) -> np.ndarray:
-    """(layer, head, query, key) scores with 3 query, 3 key and 2 head clusters, far apart, plus
-    small noise, each head at its own scale (so its entropy ranks it clearly): a structure every
-    analysis must find the same way."""
-    rng = np.random.default_rng(seed)
-    cq, ck = np.arange(n) % 3, (np.arange(n) // 2) % 3
-    ch = np.arange(n_layer * n_head) % 2
-    pattern = rng.permutation(18).reshape(3, 3, 2).astype(float)
-    x = pattern[cq[:, None, None], ck[None, :, None], ch[None, None, :]] + 0.01 * rng.random((n, n, n_layer * n_head))
-    x = x * (1.0 + 0.5 * rng.permutation(n_layer * n_head))[None, None, :]
-    return x.transpose(2, 0, 1).reshape(n_layer, n_head, n, n).astype(np.float32)
-
-
-def attention_store(path, scores: np.ndarray):
-    n_layer, n_head, n, _ = scores.shape
-    e = np.exp(scores - scores.max(-1, keepdims=True))
-    ds = xr.Dataset({"scores": (("layer", "head", "query", "key"), scores),
-                     "probs": (("layer", "head", "query", "key"), (e / e.sum(-1, keepdims=True)).astype(np.float32)),
-                     "allowed": (("layer", "query", "key"), np.ones((n_layer, n, n), dtype=bool))},
-                    coords={"layer": np.arange(n_layer), "head": np.arange(n_head), "query": np.arange(n),
-                            "key": np.arange(n), "kv_group": ("head", np.arange(n_head) // 2)},
-                    attrs={"model": "planted", "kind": "attention"})
-    store.write_store(ds, path)
-    return path
 
 
 @pytest.fixture(scope="module")
