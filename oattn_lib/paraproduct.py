@@ -48,6 +48,7 @@ leaves a coarser g_{j,j'} in the sum) and the block averages where the sum ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 from functools import lru_cache
 
 import numpy as np
@@ -424,29 +425,13 @@ def _relative_residual_batch(organized: torch.Tensor, mask, blocks: _Blocks, tau
     """`_softmax_parts(organized, mask, blocks, tau)[3]` for each tau of `taus` in one pass (the
     same operations on a leading axis of temperatures), NaN where that raises (float64's range)."""
     t = torch.as_tensor(taus, dtype=organized.dtype, device=organized.device)
-    approx_scaled, shift = _approximation(blocks, t)
-    scaled = t[:, None, None] * organized
-    visible = scaled if mask is None else scaled.masked_fill(~mask, float("-inf"))
-    rowmax = visible.amax(-1)
-    rowmax = torch.where(torch.isfinite(rowmax), rowmax, torch.zeros_like(rowmax))
-    z = torch.exp(visible - rowmax[..., None]).sum(-1)
-    z = torch.where(z > 0, z, torch.ones_like(z))
-    log_scale = (shift - rowmax - torch.log(z))[..., None]
-    direct = approx_scaled * torch.exp(log_scale.clamp(max=700.0))
-    via_log = torch.sign(approx_scaled) * torch.exp(torch.log(approx_scaled.abs()) + log_scale)
-    approximation = torch.where(log_scale <= 700.0, direct, via_log)
-    if mask is None:
-        exact = torch.softmax(scaled, dim=-1)
-    else:
-        exact = torch.exp(visible - rowmax[..., None]) / z[..., None]
-        approximation = torch.where(mask, approximation, torch.zeros_like(approximation))
-    residual = exact - approximation
-    ok = (torch.isfinite(approx_scaled).flatten(1).all(1) & torch.isfinite(residual).flatten(1).all(1)).tolist()
+    terms = _softmax_terms(organized, mask, blocks, t)
+    ok = (torch.isfinite(terms.approx_scaled).flatten(1).all(1)
+          & torch.isfinite(terms.residual).flatten(1).all(1)).tolist()
     out = np.full(len(taus), np.nan)
-    for i in range(len(taus)):
-        if ok[i]:
-            rel = _norm(residual[i]) / _norm(exact[i])
-            out[i] = rel if np.isfinite(rel) else np.nan
+    for i in np.flatnonzero(ok):
+        rel = _norm(terms.residual[i]) / _norm(terms.exact[i])
+        out[i] = rel if np.isfinite(rel) else np.nan
     return out
 
 
@@ -463,38 +448,59 @@ def _prepare(x: torch.Tensor, row_order, col_order, n_scales, allowed):
     return organized, mask, _Blocks(organized, jr, jc), r, c
 
 
-def _softmax_parts(organized: torch.Tensor, mask, blocks: _Blocks, tau: float = 1.0):
-    """(exact, approximation, residual, relative residual) of softmax(tau * organized)."""
-    if tau != 1.0:
-        organized = tau * organized
+class _Terms(NamedTuple):
+    scaled: torch.Tensor        # tau f, organized
+    approx_scaled: torch.Tensor  # the approximation of exp(tau f), row i times exp(-shift_i)
+    shift: torch.Tensor
+    rowmax: torch.Tensor
+    log_scale: torch.Tensor
+    exact: torch.Tensor
+    approximation: torch.Tensor
+    residual: torch.Tensor
+
+
+def _softmax_terms(organized: torch.Tensor, mask, blocks: _Blocks, tau=1.0) -> _Terms:
+    """The exact (masked) softmax of tau * organized, its paraproduct approximation and the
+    residual, unchecked: `tau` a float gives (N, M) tensors, a 1-D tensor of temperatures a
+    leading axis of them (`_approximation`)."""
+    if isinstance(tau, torch.Tensor):
+        scaled = tau[:, None, None] * organized
+    else:
+        scaled = organized if tau == 1.0 else tau * organized
     approx_scaled, shift = _approximation(blocks, tau)
-    visible = organized if mask is None else organized.masked_fill(~mask, float("-inf"))
-    rowmax = visible.amax(1)
+    visible = scaled if mask is None else scaled.masked_fill(~mask, float("-inf"))
+    rowmax = visible.amax(-1)
     rowmax = torch.where(torch.isfinite(rowmax), rowmax, torch.zeros_like(rowmax))  # rows with nothing allowed
-    z = torch.exp(visible - rowmax[:, None]).sum(1)  # >= 1 wherever a row has an allowed entry
+    z = torch.exp(visible - rowmax[..., None]).sum(-1)  # >= 1 wherever a row has an allowed entry
     z = torch.where(z > 0, z, torch.ones_like(z))
-    if not bool(torch.isfinite(approx_scaled).all()):
-        raise ValueError(f"f: the paraproduct terms overflow float64 (|f| up to "
-                         f"{float(organized.abs().max()):.3g}): scale f down")
     # approximation of softmax = approx_scaled * exp(s - m) / Z, scaled back in log form
     # when exp(s - m) alone would overflow
-    log_scale = (shift - rowmax - torch.log(z))[:, None]
+    log_scale = (shift - rowmax - torch.log(z))[..., None]
     direct = approx_scaled * torch.exp(log_scale.clamp(max=700.0))
     via_log = torch.sign(approx_scaled) * torch.exp(torch.log(approx_scaled.abs()) + log_scale)
     approximation = torch.where(log_scale <= 700.0, direct, via_log)
     if mask is None:
-        exact = torch.softmax(organized, dim=1)
+        exact = torch.softmax(scaled, dim=-1)
     else:
-        exact = torch.exp(visible - rowmax[:, None]) / z[:, None]
+        exact = torch.exp(visible - rowmax[..., None]) / z[..., None]
         approximation = torch.where(mask, approximation, torch.zeros_like(approximation))
-    residual = exact - approximation
-    if not bool(torch.isfinite(residual).all()):
-        size = (torch.log(approx_scaled.abs()) + log_scale).amax(1) / np.log(10)
+    return _Terms(scaled, approx_scaled, shift, rowmax, log_scale, exact, approximation, exact - approximation)
+
+
+def _softmax_parts(organized: torch.Tensor, mask, blocks: _Blocks, tau: float = 1.0):
+    """(exact, approximation, residual, relative residual) of softmax(tau * organized);
+    ValueError where float64 cannot represent them."""
+    t = _softmax_terms(organized, mask, blocks, tau)
+    if not bool(torch.isfinite(t.approx_scaled).all()):
+        raise ValueError(f"f: the paraproduct terms overflow float64 (|f| up to "
+                         f"{float(t.scaled.abs().max()):.3g}): scale f down")
+    if not bool(torch.isfinite(t.residual).all()):
+        size = (torch.log(t.approx_scaled.abs()) + t.log_scale).amax(1) / np.log(10)
         row = int(size.argmax())
         raise _not_representable("the paraproduct approximation of softmax(f)", row,
-                                 float(size[row]), float(shift[row] - rowmax[row]))
-    rel = _norm(residual) / _norm(exact)
+                                 float(size[row]), float(t.shift[row] - t.rowmax[row]))
+    rel = _norm(t.residual) / _norm(t.exact)
     if not np.isfinite(rel):
         raise ValueError(f"f: the relative residual is not representable in float64 "
-                         f"(residual norm {_norm(residual):.3g}): scale f down")
-    return exact, approximation, residual, rel
+                         f"(residual norm {_norm(t.residual):.3g}): scale f down")
+    return t.exact, t.approximation, t.residual, rel
