@@ -463,29 +463,25 @@ def _greedy_merge(dist: np.ndarray, constant: float, log: list | None = None,
 
     # each node's neighbours, nearest first: the first few of every row, a whole row when a
     # node tries more of them (or where the few cannot be told apart from the rest)
-    sec_arg = None if tiebreak is None else secondary
     k = min(NEIGHBOURS_SORTED, m)
-    prefix, complete = tie_order_prefix(dist, k, secondary=sec_arg)
-    whole = {}
+    prefix, complete = tie_order_prefix(dist, k, secondary=None if tiebreak is None else secondary)
 
-    def neighbours(i):
-        start = 0
+    @cache
+    def whole_row(i):
+        return tie_order(dist[i], secondary=None if tiebreak is None else secondary()[i])
+
+    def neighbours(i):  # self, at 999, is last
         if complete[i]:
-            yield from prefix[i, :m - 1]  # self, at 999, is last
-            start = k
-        if start < m - 1:
-            if i not in whole:
-                whole[i] = tie_order(dist[i], secondary=None if tiebreak is None else secondary()[i])
-            yield from whole[i][start:m - 1]
+            yield from prefix[i, :m - 1]
+        if not complete[i] or k < m - 1:
+            yield from whole_row(i)[k if complete[i] else 0:m - 1]
 
-    first = np.where(complete, prefix[:, 0], -1)
+    nearest = prefix[:, 0].copy()
     for i in np.flatnonzero(~complete):
-        whole[i] = tie_order(dist[i], secondary=None if tiebreak is None else secondary()[i])
-        first[i] = whole[i][0]
-    nn_order = first[:, None]
-    nn_dist = dist[np.arange(m), nn_order[:, 0]]
+        nearest[i] = whole_row(i)[0]
+    nn_dist = dist[np.arange(m), nearest]
     # visit ties: the node nearer its nearest neighbour by the tie-break goes first
-    nn_tiebreak = None if tiebreak is None else (lambda: secondary()[np.arange(m), nn_order[:, 0]])
+    nn_tiebreak = None if tiebreak is None else (lambda: secondary()[np.arange(m), nearest])
     group = np.arange(m)
     size = np.ones(m, dtype=np.int64)  # number of current nodes in each group (by group id)
     # every comparison below counts values within TIE_TOLERANCE as equal: a near-tie with the
