@@ -125,11 +125,10 @@ def main() -> None:
         validate_config(config, str(ROOT / "oattn_lib" / "schemas" / "config.schema.yaml"))
         mcfg, quantity = config["models"][0], ex["quantity"]
         att, org, dec, ent = d / "att.zarr", d / "org.zarr", d / "dec.zarr", d / "entropy.zarr"
-        organize_params = {k: v for k, v in config["organize"].items()}
         dec_cfg = config["decompose"]
         steps = {
             "extract": lambda: extract("hf", mcfg, None, d / "meta.json", None, att, 0, device=args.device),
-            "organize": lambda: organize(att, org, quantity, params=organize_params, device=args.device),
+            "organize": lambda: organize(att, org, quantity, params=config["organize"], device=args.device),
             "decompose": lambda: decompose(att, org, dec, quantity, figure_heads=dec_cfg["figure_heads"],
                                            questionnaire2d_iters=dec_cfg["questionnaire2d_iters"],
                                            random_tree_seeds=dec_cfg["random_tree_seeds"], device=args.device),
@@ -137,7 +136,7 @@ def main() -> None:
                                        network_top_k=config["entropy"]["network_top_k"]),
             "theorem1": lambda: theorem1("smollm2", [att], d / "theorem1.csv", out_curves=d / "curves.csv",
                                          questionnaire2d_iters=dec_cfg["questionnaire2d_iters"], device=args.device,
-                                         **{k: v for k, v in config["theorem1"].items()}),
+                                         **config["theorem1"]),
         }
 
         def run_prune():
