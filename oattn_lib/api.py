@@ -584,18 +584,19 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
     head_top_k, network_top_k : int, optional
         As in `entropies`.
     figure_heads : list of (layer, head), optional
-        The heads whose paraproduct residual is replicated; default the workflow's
+        The heads whose paraproduct measures are replicated; default the workflow's
         `decompose.figure_heads`.
     device : str, optional
         "auto", "cpu" or "cuda"; default the workflow's `device`.
 
     Returns
     -------
-    xarray.Dataset over (sample, replicate[, unit][, fig_head]), as the stability store holds
-    it without the bootstrap: replicate 0 is the reference (`perturbation` "none"); per
-    replicate `head_entropy`, `head_sparsity` (unit), `network_entropy`, `network_sparsity`,
-    `sparsity_ratio`, `ari_layer`, `ari_kv_group`, `same_tree_q/k/h`, and
-    `paraproduct_residual` (fig_head) where it was run.
+    xarray.Dataset over (sample, replicate[, unit][, fig_head][, component]), as the stability
+    store holds it without the bootstrap: replicate 0 is the reference (`perturbation` "none");
+    per replicate `head_entropy`, `head_sparsity` (unit), `network_entropy`, `network_sparsity`,
+    `sparsity_ratio`, `ari_layer`, `ari_kv_group`, `same_tree_q/k/h`, the heads'
+    `diffusion_coords` (unit, component), and where the paraproduct was run, per figure head,
+    `paraproduct_residual`, `corollary1_residual`, `alpha_softmax` and `alpha_residual`.
     `oattn_lib.stability.stability_summary(ds)` tables how far each measure moved.
     """
     import json

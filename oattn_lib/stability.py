@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["PERTURBATIONS", "REFERENCE", "replicate_plan", "perturb", "same_folders", "unit_permutation_back",
+__all__ = ["PERTURBATIONS", "REFERENCE", "FIG_MEASURES", "replicate_plan", "perturb", "same_folders", "unit_permutation_back",
            "head_tree_agreement", "relative_spread", "replicate_sets", "bottom_sets", "mean_pair_jaccard",
            "bootstrap_samples", "recurrence_interval", "stability_summary", "spread_text"]
 
@@ -231,6 +231,11 @@ def recurrence_interval(stab: xr.Dataset) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+FIG_MEASURES = ("paraproduct_residual", "corollary1_residual", "alpha_softmax", "alpha_residual")
+"""What each replicate measures of each figure head (docs/method.md §14.2): Theorem 1's relative
+residual, Corollary 1's, and the Hölder-type exponents of the softmax and of the residual, in the
+head's own 2-D organized order (`smoothness.residual_smoothness`, as the theorem1 stage)."""
+
 # scalar measures of a sample and per-unit measures, as the summary lists them
 SCALARS = ("network_entropy", "network_sparsity", "sparsity_ratio", "ari_layer", "ari_kv_group")
 PER_UNIT = ("head_entropy", "head_sparsity")
@@ -275,11 +280,13 @@ def stability_summary(stab: xr.Dataset, fraction: float = 0.1) -> pd.DataFrame:
             union = (ref_m | rep_m).sum(-1)
             rows.append({"measure": f"{which}_set", **base, "reference": np.nan, "spread_median": np.nan,
                          "spread_max": np.nan, "agreement": float((inter / union).mean())})
-        if "paraproduct_residual" in stab and p != "sibling":
-            v = stab["paraproduct_residual"].transpose("sample", "replicate", "fig_head").values
+        for name in FIG_MEASURES if p != "sibling" else ():
+            if name not in stab:
+                continue
+            v = stab[name].transpose("sample", "replicate", "fig_head").values
             s = relative_spread(v[:, sel], v[:, r0:r0 + 1])
             s = s[np.isfinite(s)]
-            rows.append({"measure": "paraproduct_residual", **base,
+            rows.append({"measure": name, **base,
                          "reference": float(np.nanmean(v[:, r0])) if np.isfinite(v[:, r0]).any() else np.nan,
                          "spread_median": float(np.median(s)) if s.size else np.nan,
                          "spread_max": float(s.max()) if s.size else np.nan, "agreement": np.nan})

@@ -501,3 +501,46 @@ def test_a_paraproduct_replicate_scales_its_figure_heads_residuals(tmp_path):
     assert len(reps["top_recurrence"]) == 2
     assert replicate_verdicts(tmp_path / "stab.zarr", ent, np.full(6, 1.0), np.full(6, 2.0), 0.2, table,
                               "no scores")["paraproduct"] == []
+
+
+def test_theorem1_and_diffusion_replicates_change_only_their_replicated_samples(tmp_path):
+    # 6 samples of figure head (0, 0) and 8 heads in 2 layers; samples 0-3 replicated: ulp #0 moves
+    # nothing, ulp #1 triples Corollary 1's residual, lowers the residual's exponent by 0.4 and
+    # scatters the heads across layers; sibling has no paraproduct
+    table = residuals([0.5] * 6, [0.9] * 6, [[2.0]] * 6)
+    table["corollary1_residual"] = 0.8 * table["residual"]
+    table["alpha_softmax"] = 0.3
+    table["alpha_residual"] = np.where(table["order"] == ORG, 0.6, 0.0)
+    pert = np.array([REFERENCE, "ulp", "ulp", "sibling"], dtype=object)
+
+    def fig(ref, ulp1):  # (sample, replicate, fig_head), on another scale than the table's
+        return np.tile(np.array([ref, ref, ulp1, np.nan])[None, :, None], (4, 1, 1))
+
+    layers = np.repeat([0, 1], 4)
+    clustered = np.c_[10.0 * layers + np.linspace(0, 0.3, 8), np.zeros(8)]
+    scattered = np.c_[[0.0, 2, 4, 6, 1, 3, 5, 7], np.zeros(8)]
+    coords = np.stack([clustered, clustered, scattered, clustered])[None].repeat(4, 0)
+    ent = np.random.default_rng(5).random((6, 8))
+    stab = xr.Dataset({"head_entropy": (("sample", "replicate", "unit"), np.repeat(ent[:4, None], 4, 1)),
+                       "sparsity_ratio": (("sample", "replicate"), np.full((4, 4), 0.5)),
+                       "paraproduct_residual": (("sample", "replicate", "fig_head"), fig(0.25, 0.25)),
+                       "corollary1_residual": (("sample", "replicate", "fig_head"), fig(0.1, 0.3)),
+                       "alpha_softmax": (("sample", "replicate", "fig_head"), fig(0.2, 0.2)),
+                       "alpha_residual": (("sample", "replicate", "fig_head"), fig(0.9, 0.5)),
+                       "diffusion_coords": (("sample", "replicate", "unit", "component"), coords)},
+                      coords={"sample": np.arange(4), "fig_layer": ("fig_head", [0]), "fig_head_index": ("fig_head", [0]),
+                              "unit_layer": ("unit", layers), "perturbation": ("replicate", pert),
+                              "replicate_index": ("replicate", [0, 0, 1, 0])})
+    store.write_store(stab, tmp_path / "stab.zarr")
+    reps = replicate_verdicts(tmp_path / "stab.zarr", ent, np.full(6, 1.0), np.full(6, 2.0), 0.25, table, None,
+                              kind="vit", silhouettes=np.full(6, 0.8), pvalues=np.full(6, 0.005))
+    assert reps["paraproduct"] == [HOLDS, HOLDS]
+    # 1.2 against 0.72 in the original order for 4 of 6 head-samples; shifted, not replaced by the
+    # replicate's 0.5 (above its softmax's 0.2) nor scaled (0.6 x 0.5 / 0.9 above 0.3)
+    assert reps["corollary1"] == [HOLDS, NOT_HERE]
+    assert reps["smoothness"] == [HOLDS, NOT_HERE]
+    # 2 of 6 samples clustered by layer in ulp #1 (the unreplicated 4 and 5): mixed
+    assert reps["diffusion"] == [HOLDS, MIXED, HOLDS]
+    # without the model's kind or reference silhouettes, no diffusion verdicts
+    assert replicate_verdicts(tmp_path / "stab.zarr", ent, np.full(6, 1.0), np.full(6, 2.0), 0.25, table,
+                              None)["diffusion"] == []

@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 
 from oattn_lib import store
-from oattn_lib.claims import CLAIMS, HOLDS, MIXED, stability_text
+from oattn_lib.claims import CLAIMS, HOLDS, MIXED, NOT_RUN, stability_text
 from oattn_lib.questionnaire import questionnaire3d
 from oattn_lib.stability import (REFERENCE, bootstrap_samples, bottom_sets, mean_pair_jaccard, perturb,
                                  relative_spread, rename_tree, replicate_plan, replicate_sets, same_folders)
@@ -112,6 +112,50 @@ def test_the_reference_replicate_is_the_entropy_stages_analysis(planted_run):
         np.testing.assert_allclose(stab["sparsity_ratio"].values[i, r0],
                                    ent["network_sparsity"].values[s] / ent["network_sparsity_random"].values[s],
                                    rtol=1e-12)
+
+
+def test_the_reference_figure_heads_are_measured_as_decompose_and_theorem1_measure_them(planted_run, tmp_path):
+    from oattn_lib.stages.theorem1 import theorem1
+
+    stab = store.read_store(planted_run / "stability.zarr")
+    r0 = int(np.flatnonzero(stab["perturbation"].values == REFERENCE)[0])
+    for i, s in enumerate(stab["sample"].values):
+        dec = store.read_store(planted_run / f"dec{s}.zarr")
+        np.testing.assert_allclose(stab["paraproduct_residual"].values[i, r0], dec["fig_rel_residual"].values,
+                                   rtol=1e-9)
+        np.testing.assert_array_equal(stab["diffusion_coords"].values[i, r0],
+                                      dec["diffusion_coords"].transpose("unit", "component").values)
+        # the theorem1 stage organizes every head itself, with the same iterations: the same numbers
+        theorem1("planted", [planted_run / f"att{s}.zarr"], tmp_path / f"t{s}.csv", samples=1, max_heads=100,
+                 random_orders=1, seed=0, questionnaire2d_iters=2)
+        t1 = pd.read_csv(tmp_path / f"t{s}.csv")
+        t1 = t1[t1["order"] == "2-D organized"].set_index(["layer", "head"])
+        for j, unit in enumerate(zip(stab["fig_layer"].values, stab["fig_head_index"].values)):
+            for column, measure in (("residual", "paraproduct_residual"), ("corollary1_residual", "corollary1_residual"),
+                                    ("alpha_softmax", "alpha_softmax"), ("alpha_residual", "alpha_residual")):
+                assert stab[measure].values[i, r0, j] == pytest.approx(t1.loc[unit, column], rel=1e-9), (unit, column)
+    # what the replicates changed is in the summary, one row per figure head measure
+    table = pd.read_csv(planted_run / "stability.csv")
+    for measure in ("paraproduct_residual", "corollary1_residual", "alpha_softmax", "alpha_residual"):
+        assert set(table.loc[table["measure"] == measure, "perturbation"]) == {"ulp", "float16", "relabel"}
+
+
+def test_a_renamed_replicate_gives_each_head_its_own_diffusion_coordinates_back(planted_run):
+    from oattn_lib.claims import layer_silhouette_test
+
+    stab = store.read_store(planted_run / "stability.zarr")
+    pert = stab["perturbation"].values
+    c = stab["diffusion_coords"].values  # (sample, replicate, unit, component)
+    ref = c[:, pert == REFERENCE]
+    layers = stab["unit_layer"].values
+    # the planted trees come back (previous test), so do the affinities: each component up to its sign
+    for rep in (c[:, pert == "relabel"], c[:, pert == "sibling"], c[:, pert == "ulp"]):
+        err = np.minimum(np.abs(rep - ref), np.abs(rep + ref)).max(axis=(0, 1, 2))
+        assert (err <= 1e-3 * np.abs(ref).max()).all(), err
+        for i in range(c.shape[0]):
+            for r in range(rep.shape[1]):
+                assert layer_silhouette_test(rep[i, r], layers, rng=0)[0] == pytest.approx(
+                    layer_silhouette_test(ref[i, 0], layers, rng=0)[0], abs=1e-3)
 
 
 def test_a_planted_structure_keeps_its_trees_and_numbers_in_every_replicate(planted_run):
@@ -222,6 +266,7 @@ def test_the_workflow_gives_intervals_and_says_which_verdicts_survive(clean_run)
     replicated = {m["name"]: m for m in TINY["models"] if "stability" in m}
     assert set(replicated) == {"txl", "lm"}
     verdicts = pd.read_csv(res / "claims.csv").set_index(["model", "claim"])
+    checked = set()
     for name, m in replicated.items():
         stab = store.read_store(res / name / "stability.zarr")
         n_samples = m["extract"]["n_samples"]
@@ -242,9 +287,18 @@ def test_the_workflow_gives_intervals_and_says_which_verdicts_survive(clean_run)
         assert all(t2.loc[s, "network_entropy_replicates"] == "" for s in range(n_samples) if s not in rows)
         # each verdict of the model is decided in every replicate: stable in R/R, or flips in k/R
         n_rep = stab.sizes["replicate"] - 1
-        for claim in ("sparsity", "recurrence"):
+        for claim in ("sparsity", "recurrence", "diffusion"):
             text = verdicts.loc[(name, CLAIMS[claim]), "stability"]
             assert text == f"stable in {n_rep}/{n_rep} replicates" or text.startswith("flips in "), text
+        # Theorem 1's claims in the replicates with a paraproduct (not sibling) where it ran
+        n_para = int((stab["perturbation"].values != "sibling").sum()) - 1
+        for claim in ("paraproduct", "smoothness", "corollary1"):
+            row = verdicts.loc[(name, CLAIMS[claim])]
+            if row["verdict"] != NOT_RUN:
+                checked.add((name, claim))
+                text = row["stability"]
+                assert text == f"stable in {n_para}/{n_para} replicates" or text.startswith("flips in "), (claim, text)
+    assert {("txl", "smoothness"), ("txl", "corollary1")} <= checked, checked
     assert verdicts.loc["vit", "stability"].isna().all()  # no stability section, no word on it
     summary = (res / "summary.md").read_text()
     assert summary.count("### Stability (docs/method.md §14)") == 2

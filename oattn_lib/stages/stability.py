@@ -13,10 +13,11 @@ import xarray as xr
 from .. import store
 from ..entropy import coarse_l1, l1_over_l2
 from ..haar import bihaar, haar_basis, trihaar
-from ..paraproduct import paraproduct
+from ..diffusion import diffusion_map
 from ..questionnaire import questionnaire3d, questionnaire2d
 from ..runtime import resolve_device
-from ..stability import (PERTURBATIONS, REFERENCE, bootstrap_samples, head_tree_agreement, perturb, rename_tree, replicate_plan,
+from ..smoothness import residual_smoothness
+from ..stability import (FIG_MEASURES, PERTURBATIONS, REFERENCE, bootstrap_samples, head_tree_agreement, perturb, rename_tree, replicate_plan,
                          recurrence_interval, replicate_rng, same_folders, stability_summary,
                          unit_permutation_back)
 from .common import head_array, load_organization, model_mask, on_device, read_network
@@ -42,14 +43,25 @@ def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
     return out
 
 
-def _residuals(heads: list, pert_name: str, rng_of, device="cpu") -> np.ndarray:
-    """Relative paraproduct residual of each figure head (scores g, allowed mask) after the
-    perturbation: its own 2-D organization and paraproduct (docs/method.md §7), NaN for sibling
-    (the paraproduct has no Haar basis, so no sibling ranks)."""
+def _figure_measures(g, allowed, row_order, col_order) -> np.ndarray:
+    """FIG_MEASURES of one head's scores g in the given orders; not finite where the paraproduct is
+    beyond float64 (docs/method.md §7.4), as the theorem1 stage records it."""
+    try:
+        m = residual_smoothness(g, row_order, col_order, allowed)
+    except ValueError as exc:
+        log.info("figure head: %s", exc)
+        return np.array([np.inf, np.inf, np.nan, np.nan])
+    return np.array([m.residual, m.corollary1_residual, m.alpha_softmax, m.alpha_residual], dtype=np.float64)
+
+
+def _fig_measures(heads: list, pert_name: str, rng_of, device="cpu") -> np.ndarray:
+    """FIG_MEASURES (fig_head, measure) of each figure head (scores g, allowed mask) after the
+    perturbation, with its own 2-D organization of the perturbed scores (docs/method.md §7); NaN
+    for sibling (the paraproduct has no Haar basis, so no sibling ranks)."""
     out = []
     for i, (g, allowed, iters) in enumerate(heads):
         if pert_name == "sibling":
-            out.append(float("nan"))
+            out.append(np.full(len(FIG_MEASURES), np.nan))
             continue
         p = perturb(g[:, :, None], pert_name, rng_of(i))
         gp = p.array[:, :, 0].astype(np.float64)
@@ -57,8 +69,16 @@ def _residuals(heads: list, pert_name: str, rng_of, device="cpu") -> np.ndarray:
         if p.perms is not None and allowed is not None:
             ap = allowed[np.ix_(p.perms[0], p.perms[1])]
         tr, tc = questionnaire2d(on_device(gp, device), n_iters=iters)
-        out.append(float(paraproduct(gp, row_order=tr.order, col_order=tc.order, allowed=ap).relative_residual))
-    return np.asarray(out, dtype=np.float64)
+        out.append(_figure_measures(gp, ap, tr.order, tc.order))
+    return np.stack(out) if out else np.empty((0, len(FIG_MEASURES)))
+
+
+def _diffusion_coords(affinity_h, perm) -> np.ndarray:
+    """The heads' diffusion coordinates (docs/method.md §8) from a head affinity, in the reference
+    unit order (perm: the units' renaming of the replicate, None if none), float32 as decompose
+    stores them."""
+    dm = diffusion_map(affinity_h, n_components=3)
+    return unit_permutation_back(np.asarray(dm.coords, dtype=np.float32), perm)
 
 
 def sample_replicates(attention_store, organized_store, decomposed_store, *, sample: int, quantity: str, crop=None,
@@ -85,19 +105,26 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
         for layer, head in zip(dec["fig_layer"].values, dec["fig_head_index"].values):
             g = head_array(att, "scores", int(layer), int(head), crop, where=attention_store).astype(np.float64)
             figs.append((g, model_mask(att, int(layer), int(head), g, crop), questionnaire2d_iters))
-        ref_residual = dec["fig_rel_residual"].values.astype(np.float64)
+        # the reference: each figure head in decompose's own 2-D organization of it
+        ref_fig = np.stack([_figure_measures(g, allowed, ro, co) for (g, allowed, _), ro, co in
+                            zip(figs, dec["fig_row_order"].values, dec["fig_col_order"].values)])
+    ref_coords = dec["diffusion_coords"].transpose("unit", "component").values if "diffusion_coords" in dec else None
     plan = replicate_plan(settings["perturbations"], settings["replicates"])
     rows = []
     for r, (name, index) in enumerate(plan):
         if name == REFERENCE:
             measured, trees, perms = _measures(x, ref_trees, k2, k3, device), ref_trees, None
+            coords = ref_coords
         else:
             rng = replicate_rng(settings["seed"], sample, name, index)
             p = perturb(x, name, rng, settings["ulp_fraction"])
             perms = p.perms
+            coords = ref_coords  # sibling: the reference's trees and affinities
             if p.organize:
                 o = questionnaire3d(on_device(p.array, device), **organize)
                 trees = (o.tree_q, o.tree_k, o.tree_h)
+                if ref_coords is not None:
+                    coords = _diffusion_coords(o.affinity_h, perms[2] if perms is not None else None)
                 if perms is not None:  # relabel: the trees in the reference naming, on the reference tensor
                     trees = tuple(rename_tree(t, np.argsort(pm)) for t, pm in zip(trees, perms))
                     measured, perms = _measures(x, trees, k2, k3, device), None
@@ -115,9 +142,11 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
         row["ari_layer"], row["ari_kv_group"] = head_tree_agreement(trees[2], unit_layer, net.unit_head, unit_kv)
         for axis, t, t0 in zip("qkh", trees, ref_trees):
             row[f"same_tree_{axis}"] = same_folders(t, t0)
+        if coords is not None:
+            row["diffusion_coords"] = coords
         if figs:
             # each figure head's own random state, apart from the tensor's (replicate_rng)
-            row["paraproduct_residual"] = (ref_residual if name == REFERENCE else _residuals(
+            row["fig"] = (ref_fig if name == REFERENCE else _fig_measures(
                 figs, name, lambda i, n=name, j=index: np.random.default_rng(
                     [int(settings["seed"]), int(sample), PERTURBATIONS.index(n), int(j), 1 + i]), device))
         rows.append(row)
@@ -129,7 +158,10 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
              ("network_entropy", "network_sparsity", "sparsity_ratio", "ari_layer", "ari_kv_group",
               "same_tree_q", "same_tree_k", "same_tree_h")}
     if figs:
-        data["paraproduct_residual"] = (("replicate", "fig_head"), np.stack([rw["paraproduct_residual"] for rw in rows]))
+        fig = np.stack([rw["fig"] for rw in rows])  # (replicate, fig_head, measure)
+        data |= {m: (("replicate", "fig_head"), fig[:, :, i]) for i, m in enumerate(FIG_MEASURES)}
+    if ref_coords is not None:
+        data["diffusion_coords"] = (("replicate", "unit", "component"), np.stack([rw["diffusion_coords"] for rw in rows]))
     coords = {"perturbation": ("replicate", np.array([p for p, _ in plan], dtype=object)),  # vlen strings in zarr
               "replicate_index": ("replicate", np.asarray([i for _, i in plan], dtype=np.int64)),
               "unit_layer": net.coords["unit_layer"], "unit_head": net.coords["unit_head"]}

@@ -34,7 +34,7 @@ from ..claims import (
     table2_claim,
     table2_order_claim,
 )
-from ..stability import REFERENCE, bottom_sets, mean_pair_jaccard, replicate_sets
+from ..stability import FIG_MEASURES, REFERENCE, bottom_sets, mean_pair_jaccard, replicate_sets
 from ..entropy import extreme_heads, jaccard_stability, n_extreme
 from ..models import adapter_for
 from ..temperature import crossover_counts
@@ -208,7 +208,8 @@ def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, te
     if stability_store is None:
         return claims
     reps = replicate_verdicts(stability_store, flat, sparsity, random, fraction, residuals, para_not_run,
-                              natural=natural)
+                              natural=natural, kind=kind, silhouettes=sil if decomposed_stores else None,
+                              pvalues=pval if decomposed_stores else None)
     out = []
     for c in claims:
         key = claim_key(c.claim)
@@ -222,15 +223,44 @@ def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, te
     return out
 
 
+# the theorem1 table's columns a replicate changes: by the ratio of the figure head's replicate value
+# to its reference (residuals) or by their difference (exponents)
+_SCALED = {"residual": "paraproduct_residual", "corollary1_residual": "corollary1_residual"}
+_SHIFTED = {"alpha_softmax": "alpha_softmax", "alpha_residual": "alpha_residual"}
+
+
+def _replicate_table(residuals: pd.DataFrame, fig: dict, figs: list, r: int, r0: int) -> pd.DataFrame | None:
+    """The residual table of replicate r: each replicated (sample, figure head)'s organized rows
+    with their residuals scaled and their exponents shifted by the head's change from the
+    reference r0 (`fig`: measure -> (sample, replicate, fig_head)). None where the replicate has
+    no paraproduct (sibling)."""
+    if not np.isfinite(fig["paraproduct_residual"][:, r]).all():
+        return None
+    out = residuals.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for column, measure in (_SCALED | _SHIFTED).items():
+            if column not in out or measure not in fig:
+                continue
+            v = out[column].to_numpy(dtype=float).copy()
+            for i, j, at in figs:
+                rep, ref = fig[measure][i, r, j], fig[measure][i, r0, j]
+                v[at] = v[at] * (rep / ref) if column in _SCALED else v[at] + (rep - ref)
+            out[column] = v
+    return out
+
+
 def replicate_verdicts(stability_store, entropies: np.ndarray, sparsity, random, fraction: float, residuals,
-                       skipped, natural=None) -> dict[str, list[str]]:
-    """The verdicts of the sparsity, recurrence (bottom and top) and paraproduct claims in each
-    replicate analysis of a stability store (docs/method.md §14.4): replicate r has, for each sample
-    with replicates, its replicate r and, for every other sample, the reference (entropies:
+                       skipped, natural=None, *, kind: str | None = None, silhouettes=None,
+                       pvalues=None) -> dict[str, list[str]]:
+    """The verdicts of the claims in each replicate analysis of a stability store (docs/method.md
+    §14.4): replicate r has, for each sample with replicates, its replicate r and, for every other
+    sample, the reference. Decided again: sparsity and recurrence (bottom and top; entropies:
     (samples, units); the network sparsity and its random-tree and natural-order values per sample,
-    from Table 2). In the residual table (`residual_table`; None or `skipped`: no paraproduct
-    replicates) each figure head's organized residual of a replicated sample is scaled by that
-    head's change of residual in the replicate."""
+    from Table 2); the paraproduct, Corollary 1 and smoothness claims (from the residual table
+    `residual_table`; None or `skipped`: none of them), each replicated sample's figure heads'
+    organized rows scaled (residuals) or shifted (exponents) by the head's change in the replicate;
+    and, with the model's `kind` and the reference `silhouettes` and `pvalues` per sample, the
+    diffusion claim, from each replicated sample's replicate diffusion coordinates."""
     stab = store.read_store(stability_store, require=("head_entropy", "sparsity_ratio"))
     pert = stab["perturbation"].values
     reps = np.flatnonzero(pert != REFERENCE)
@@ -243,10 +273,11 @@ def replicate_verdicts(stability_store, entropies: np.ndarray, sparsity, random,
     n_units, k = entropies.shape[1], int(bottom_sets(sets[:1], fraction)[0, 0].sum())
     ratio_rep = stab["sparsity_ratio"].transpose("sample", "replicate").values
     rows = stab["sample"].values
-    out = {"sparsity": [], "recurrence": [], "top_recurrence": [], "paraproduct": []}
-    figs = None
+    out = {"sparsity": [], "recurrence": [], "top_recurrence": [], "paraproduct": [], "corollary1": [],
+           "smoothness": [], "diffusion": []}
+    figs, fig = None, {}
     if not skipped and residuals is not None and "paraproduct_residual" in stab:
-        res = stab["paraproduct_residual"].transpose("sample", "replicate", "fig_head").values
+        fig = {m: stab[m].transpose("sample", "replicate", "fig_head").values for m in FIG_MEASURES if m in stab}
         organized = (residuals["order"] == ORGANIZED).to_numpy()
         # the table's rows of each (replicated sample, figure head)
         figs = [(i, j, np.flatnonzero(organized & (residuals["sample"] == s).to_numpy()
@@ -254,6 +285,10 @@ def replicate_verdicts(stability_store, entropies: np.ndarray, sparsity, random,
                 for i, s in enumerate(rows)
                 for j, (la, he) in enumerate(zip(stab["fig_layer"].values, stab["fig_head_index"].values))]
         figs = [f for f in figs if f[2].size] or None
+    coords = None
+    if kind is not None and silhouettes is not None and "diffusion_coords" in stab:
+        coords = stab["diffusion_coords"].transpose("sample", "replicate", "unit", "component").values
+        layers = stab["unit_layer"].values
     for r in reps:
         s = np.asarray(sparsity, dtype=float).copy()
         s[rows] = ratio_rep[:, r] * np.asarray(random, dtype=float)[rows]
@@ -262,13 +297,20 @@ def replicate_verdicts(stability_store, entropies: np.ndarray, sparsity, random,
                                                   entropies.shape[0]).verdict)
         out["top_recurrence"].append(recurrence_claim("", float(jac["top"][r]), n_units, k, [], entropies.shape[0],
                                                       which="top").verdict)
-        if figs is None or not np.isfinite(res[:, r]).all():  # sibling: no paraproduct replicate
+        if coords is not None:
+            sil, pval = np.asarray(silhouettes, dtype=float).copy(), np.asarray(pvalues, dtype=float).copy()
+            for i, smp in enumerate(rows):  # the reference's shuffles (diffusion_silhouettes)
+                sil[smp], pval[smp] = layer_silhouette_test(coords[i, r], layers,
+                                                            rng=np.random.default_rng([DIFFUSION_SEED, int(smp)]))
+            out["diffusion"].append(diffusion_claim("", kind, sil, pval).verdict)
+        table = _replicate_table(residuals, fig, figs, r, r0) if figs is not None else None
+        if table is None:  # sibling: no paraproduct replicate
             continue
-        v = residuals["residual"].to_numpy(dtype=float).copy()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            for i, j, at in figs:
-                v[at] *= res[i, r, j] / res[i, r0, j]
-        out["paraproduct"].append(paraproduct_claim("", residuals.assign(residual=v)).verdict)
+        out["paraproduct"].append(paraproduct_claim("", table).verdict)
+        if "corollary1_residual" in table and "corollary1_residual" in fig:
+            out["corollary1"].append(corollary1_claim("", table).verdict)
+        if {"alpha_softmax", "alpha_residual"} <= set(table.columns) and {"alpha_softmax", "alpha_residual"} <= set(fig):
+            out["smoothness"].append(smoothness_claim("", table).verdict)
     return out
 
 
