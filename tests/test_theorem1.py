@@ -97,6 +97,18 @@ def test_a_random_subset_of_heads_per_sample_is_seeded_and_stated(stores):
     assert chosen_heads(range(2), range(3), 6, 0, 0) == [(la, h) for la in range(2) for h in range(3)]
 
 
+def test_samples_all_measures_every_store_and_a_number_the_first_ones(stores, tmp_path):
+    paths, tables = stores[False]
+    att = [p[0] for p in paths]
+    kw = dict(max_heads=6, random_orders=2, seed=0, questionnaire2d_iters=2)
+    theorem1("m", att, tmp_path / "all.csv", samples="all", **kw)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "all.csv"), tables[6])
+    theorem1("m", att, tmp_path / "one.csv", samples=1, **kw)
+    one = pd.read_csv(tmp_path / "one.csv")
+    assert set(one["sample"]) == {0}
+    pd.testing.assert_frame_equal(one, tables[6][tables[6]["sample"] == 0])
+
+
 def test_a_store_without_scores_gives_an_empty_table(tmp_path):
     n = 8
     probs = torch.softmax(torch.randn(1, 2, n, n), -1).numpy()

@@ -1,7 +1,7 @@
 """Stage `theorem1`: Theorem 1 and Corollary 1 measured on every head (docs/method.md §7.7).
 
 The temperature figure follows the figure heads; the claims need more than two heads. For each
-of the first `samples` samples, every stored head (or a random `max_heads` of them, drawn per
+of the first `samples` samples (by default every one), every stored head (or a random `max_heads` of them, drawn per
 sample with `seed`, where a model has more) is organized by its own 2-D questionnaire (§5.3)
 and its pre-softmax scores measured at the model's temperature in three kinds of order: the
 2-D organized one, the original (the tokens' own order) and `random_orders` random ones. Each
@@ -46,11 +46,11 @@ def chosen_heads(layers, heads, max_heads: int, seed: int, sample: int) -> list[
     return [units[i] for i in sorted(pick)]
 
 
-def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int, max_heads: int,
+def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int | str = "all", max_heads: int,
              random_orders: int, seed: int, questionnaire2d_iters: int, crop=None, out_curves=None,
              temperature_taus: int = 17, device="cpu") -> None:
     """The Theorem 1 table of one model (module docstring) from its first `samples` attention
-    stores, written to `out_csv`, and with `out_curves` every measured head's residual against the
+    stores (or all of them: "all"), written to `out_csv`, and with `out_curves` every measured head's residual against the
     logit temperature (`temperature.residual_curve` on `temperature.temperature_grid(temperature_taus)`,
     tau = 1 the model) in every order; a store without pre-softmax scores gives tables with no row
     (its reason in the log: the temperature figure records it for the claims). The questionnaires
@@ -58,7 +58,7 @@ def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int, 
     rows, curves = [], []
     taus = temperature_grid(temperature_taus)
     start = time.perf_counter()
-    chosen = attention_stores[:samples]
+    chosen = list(attention_stores) if samples == "all" else list(attention_stores)[: int(samples)]
     for s, path in enumerate(chosen):
         att = store.read_store(path, lazy=True)
         if "scores" not in att.variables:

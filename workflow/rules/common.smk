@@ -118,9 +118,10 @@ def attention_stores(wildcards):
 
 
 def theorem1_attention(wildcards):
-    """The attention stores the theorem1 job measures: the first theorem1.samples."""
+    """The attention stores the theorem1 job measures: the first theorem1.samples, or all."""
     k = config["theorem1"]["samples"]
-    return [ATTENTION.format(model=wildcards.model, sample=i) for i in samples(wildcards.model)[:k]]
+    chosen = samples(wildcards.model) if k == "all" else samples(wildcards.model)[: int(k)]
+    return [ATTENTION.format(model=wildcards.model, sample=i) for i in chosen]
 
 
 def decomposed_stores(wildcards):
