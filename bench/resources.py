@@ -5,7 +5,8 @@ For every benchmark file of a modelled rule (`<results>/benchmarks/<model>/<rule
 Snakemake's `benchmark:` directive: peak RSS `max_rss` in MB, wall seconds `s`), the job's tensor
 size is read from the headers of the model's stores (`largest_array_mb`: sample k's stores for a
 per-sample job, every sample's for a job of all samples) and its work counted in samples (for
-stability: samples x replicates). Prints one row per job with the modelled memory and time, and
+stability: samples x replicates; for theorem1, `resources.HEAD_JOBS`: the head-samples of its
+table, its stores those of the samples it measured). Prints one row per job with the modelled memory and time, and
 with --csv appends the measured rows to a CSV (bench/resources.csv is the record the model is
 fitted to and tested against: tests/test_resources.py).
 
@@ -31,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oattn_lib.resources import (MODEL_JOBS, MODELS, largest_array_mb, largest_head_mb, memory_mb,  # noqa: E402
+from oattn_lib.resources import (HEAD_JOBS, MODEL_JOBS, MODELS, head_job_memory_mb,  # noqa: E402
+                                 head_job_runtime_minutes, largest_array_mb, largest_head_mb, memory_mb,
                                  model_job_features, model_job_memory_mb, model_job_runtime_minutes,
                                  prune_passes, runtime_minutes)
 
@@ -45,8 +47,20 @@ def _samples(base: Path) -> list[int]:
     return sorted(int(p.name[6:-5]) for p in (base / "attention").glob("sample*.zarr"))
 
 
+def _theorem1_samples(base: Path) -> list[int]:
+    """The samples the theorem1 job measured (its table's)."""
+    import pandas as pd
+
+    return sorted(int(s) for s in pd.read_csv(base / "figures" / "theorem1.csv")["sample"].unique())
+
+
 def _work(rule: str, base: Path, samples: list[int]) -> int:
-    """Samples the job analysed one after another (stability: samples x replicates)."""
+    """Samples the job analysed one after another (stability: samples x replicates; theorem1: the
+    head-samples of its table)."""
+    if rule == "theorem1":
+        import pandas as pd
+
+        return len(pd.read_csv(base / "figures" / "theorem1.csv").groupby(["sample", "layer", "head"]))
     if rule == "stability":
         import xarray as xr
 
@@ -62,11 +76,12 @@ def measured(results: Path, source: str) -> list[dict]:
         # a model of one job per sample: its page's plan (sample 0) and sample jobs (one sample
         # each, jobs.explorer_jobs at least the samples) ask what the explorer's model says
         rule = "explorer" if m and m["rule"] in ("explorer_plan", "explorer_samples") else m and m["rule"]
-        if rule not in MODELS:
+        if rule not in MODELS and rule not in HEAD_JOBS:
             continue
         model, base = path.parent.name, results / path.parent.name
         samples = [0] if m["rule"] == "explorer_plan" else (
-            [int(m["sample"])] if m["sample"] is not None else _samples(base))
+            [int(m["sample"])] if m["sample"] is not None else
+            _theorem1_samples(base) if rule == "theorem1" else _samples(base))
         stores = [base / d / f"sample{k}.zarr" for k in samples for d in ("attention", "organized", "decomposed")]
         if m["rule"] == "explorer" and (base / "explorer" / "plan.json").is_file():
             stores = []  # its page job assembles the encoded samples: it reads no store
@@ -159,10 +174,14 @@ def main():
     print(f"{'model':10s} {'rule':10s} {'sample':>6s} {'tensor MB':>10s} {'work':>5s} {'peak MB':>8s} "
           f"{'asks MB':>8s} {'ratio':>6s} {'wall s':>7s} {'asks min':>8s}")
     for r in rows:
-        ask = memory_mb(r["rule"], r["tensor_mb"], head_mb=r["head_mb"])
+        if r["rule"] in HEAD_JOBS:
+            ask = head_job_memory_mb(r["rule"], r["head_mb"])
+            minutes = head_job_runtime_minutes(r["rule"], r["head_mb"], r["work"])
+        else:
+            ask = memory_mb(r["rule"], r["tensor_mb"], head_mb=r["head_mb"])
+            minutes = runtime_minutes(r["rule"], r["tensor_mb"], r["work"], head_mb=r["head_mb"])
         print(f"{r['model']:10s} {r['rule']:10s} {r['sample']:>6s} {r['tensor_mb']:10.1f} {r['work']:5d} "
-              f"{r['max_rss_mb']:8.0f} {ask:8d} {ask / r['max_rss_mb']:6.2f} {r['seconds']:7.1f} "
-              f"{runtime_minutes(r['rule'], r['tensor_mb'], r['work'], head_mb=r['head_mb']):8d}")
+              f"{r['max_rss_mb']:8.0f} {ask:8d} {ask / r['max_rss_mb']:6.2f} {r['seconds']:7.1f} {minutes:8d}")
     _append(args.csv, rows, COLUMNS)
 
 

@@ -29,7 +29,12 @@ tokens^2, the layers being written as they come; prune: every layer's, kept for 
 the gates) and prune's logits (held-out windows x tokens x vocabulary, at most the evaluation
 budget). Their run time grows with the network's attention (layers x heads x tokens^2) times the
 samples (extract) or the masked passes (prune). These are fitted to `bench/model_jobs.csv`
-(`python bench/resources.py --model-jobs`) and held to it the same way. Training keeps the
+(`python bench/resources.py --model-jobs`) and held to it the same way.
+
+The theorem1 job (`HEAD_JOBS`) reads one head at a time: its memory is one head's tokens x tokens
+beyond the base, its time the head-samples it measures (`theorem1_head_samples`: every sample's
+heads, at most `theorem1.max_heads` each) times a cost per head that grows with the length. Its
+rows of bench/resources.csv count head-samples as their `work`. Training keeps the
 profile's `resources.gpu_mem_mb` and `gpu_runtime`: only the project's small models train here,
 too few sizes to fit a model to.
 """
@@ -41,7 +46,8 @@ import os
 from dataclasses import dataclass
 
 __all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "largest_head_mb",
-           "memory_mb",
+           "memory_mb", "stored_heads", "HeadJob", "HEAD_JOBS", "theorem1_head_samples", "head_job_memory_mb",
+           "head_job_runtime_minutes",
            "runtime_minutes", "ModelJob", "MODEL_JOBS", "EVAL_BUDGET_MB", "parameter_count", "model_job_features",
            "model_job_memory_mb", "model_job_runtime_minutes", "prune_passes", "model_files"]
 
@@ -161,6 +167,65 @@ def runtime_minutes(rule: str, tensor_mb: float, n_samples: int = 1, attempt: in
     tokens = math.sqrt(max(head_mb, 0.0) * 1e6 / 8)
     per_mb = m.s_per_mb + m.s_per_mb_token * tokens / 1024
     seconds = m.base_s + per_mb * tensor_mb * (n_samples if m.per_sample_time else 1)
+    return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
+
+
+def stored_heads(paths) -> int:
+    """The heads of the zarr stores `paths`: the largest product of the leading dimensions (layer x
+    head) of the arrays whose last two dimensions are query and key, read from the headers; 0
+    where none exists yet."""
+    return max((math.prod(h["shape"][:-2]) for _, h in _array_headers(paths)
+                if len(h.get("shape") or []) >= 2 and list(h.get("dimension_names") or [])[-2:] == ["query", "key"]),
+               default=0)
+
+
+# -- jobs that measure heads one after another: theorem1 ---------------------------------------
+@dataclass(frozen=True)
+class HeadJob:
+    """Peak memory (MB) = base_mb + per_head x one head's MB (tokens x tokens as float64: the head
+    read, its 2-D questionnaire's affinities, the paraproducts' terms); wall time (s) = base_s +
+    head-samples x (s_per_head + s_per_mb_token x head MB x tokens / 1024): each head's 2-D
+    questionnaire and paraproducts, whose pairwise distances grow as tokens^3, after a cost per
+    head that is most of it at 64-128 tokens."""
+
+    base_mb: float
+    per_head: float
+    base_s: float
+    s_per_head: float
+    s_per_mb_token: float
+
+
+# Fitted to the theorem1 rows of bench/resources.csv (`work`: the head-samples measured): the
+# default run's four models (64-128 tokens) and SmolLM2 at 1024 tokens.
+HEAD_JOBS = {"theorem1": HeadJob(950.0, 110.0, 20.0, 0.45, 1.45)}
+
+
+def theorem1_head_samples(n_heads: int, n_samples: int, max_heads: int) -> int:
+    """The head-samples a theorem1 job measures: every stored head of each sample, or `max_heads`
+    of them where there are more (stages.theorem1.chosen_heads)."""
+    return int(n_samples) * min(int(n_heads), int(max_heads))
+
+
+def _head_job(rule: str) -> HeadJob:
+    try:
+        return HEAD_JOBS[rule]
+    except KeyError:
+        raise ValueError(f"rule {rule!r}: no resource model of a job measuring heads; modelled: "
+                         f"{sorted(HEAD_JOBS)}") from None
+
+
+def head_job_memory_mb(rule: str, head_mb: float, attempt: int = 1) -> int:
+    """The memory (MB) a job of `rule` (theorem1) asks for, one head of `head_mb` (`largest_head_mb`) at a time."""
+    m = _head_job(rule)
+    return int(math.ceil((m.base_mb + m.per_head * head_mb) * GROWTH ** (attempt - 1)))
+
+
+def head_job_runtime_minutes(rule: str, head_mb: float, head_samples: int, attempt: int = 1) -> int:
+    """The run time (minutes) a job of `rule` (theorem1) asks for: `head_samples` heads of `head_mb`
+    (`theorem1_head_samples`)."""
+    m = _head_job(rule)
+    tokens = math.sqrt(max(head_mb, 0.0) * 1e6 / 8)
+    seconds = m.base_s + head_samples * (m.s_per_head + m.s_per_mb_token * head_mb * tokens / 1024)
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
 
 

@@ -26,19 +26,29 @@ def test_the_record_covers_every_modelled_stage_at_small_and_llm_sizes():
     # the head term's stages, at 4096 tokens (one head 134 MB as float64)
     for stage in ("organize", "figures"):
         assert MEASURED[MEASURED["rule"] == stage]["head_mb"].max() > 100, stage
+    # the jobs measuring heads: at 64-128 tokens and at 1024 (one head 8.4 MB as float64)
+    for stage in resources.HEAD_JOBS:
+        rows = MEASURED[MEASURED["rule"] == stage]
+        assert rows["head_mb"].max() > 8 and rows["head_mb"].min() < 0.2, stage
 
 
 @pytest.mark.parametrize("row", MEASURED.to_dict("records"),
                          ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
 def test_memory_is_never_below_a_measured_peak_and_within_one_and_a_half_of_it(row):
-    ask = resources.memory_mb(row["rule"], row["tensor_mb"], head_mb=row["head_mb"])
+    if row["rule"] in resources.HEAD_JOBS:
+        ask = resources.head_job_memory_mb(row["rule"], row["head_mb"])
+    else:
+        ask = resources.memory_mb(row["rule"], row["tensor_mb"], head_mb=row["head_mb"])
     assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
 
 
 @pytest.mark.parametrize("row", MEASURED.to_dict("records"),
                          ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
 def test_run_time_asks_at_least_the_margin_over_the_measured_time(row):
-    minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"])
+    if row["rule"] in resources.HEAD_JOBS:
+        minutes = resources.head_job_runtime_minutes(row["rule"], row["head_mb"], int(row["work"]))
+    else:
+        minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"])
     assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
@@ -61,6 +71,8 @@ def test_the_tensor_size_is_the_largest_array_of_the_stores_read_from_headers(tm
     assert resources.largest_array_mb([pb]) == pytest.approx(20 * 20 * 6 * 4 / 1e6)
     # inputs not written yet (a dry run) and other files count nothing
     assert resources.largest_array_mb([tmp_path / "missing.zarr", tmp_path]) == 0
+    # the heads: the leading dimensions of the query x key arrays
+    assert resources.stored_heads([pa, pb]) == 3 * 2 and resources.stored_heads([pb, tmp_path / "missing"]) == 0
     # one head: the largest query x key, as float64, of the arrays whose last dimensions are those
     assert resources.largest_head_mb([pa, pb]) == pytest.approx(40 * 30 * 8 / 1e6)
     assert resources.largest_head_mb([pb]) == 0
@@ -81,7 +93,8 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
 
     run = tmp_path / "run"
     shutil.copytree(clean_run, run, symlinks=True)
-    proc = snakemake(run, TINY, "--forcerun", "organize", "stability", "prune", "--until", "stability", "prune")
+    proc = snakemake(run, TINY, "--forcerun", "organize", "stability", "prune", "theorem1", "--until", "stability",
+                     "prune", "theorem1")
     text = proc.stdout + proc.stderr
     jobs = re.findall(r"rule (\w+):\n(?:    .*\n)*?    wildcards: ([^\n]*)\n(?:    .*\n)*?    resources: ([^\n]*)",
                       text)
@@ -123,6 +136,23 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
         assert int(got["mem_mb"]) == resources.model_job_memory_mb("prune", f), (w, got, f)
         pruned += 1
     assert pruned == len(models), text[-3000:]
+    # the theorem1 jobs: one head's memory, the time of the head-samples they measure
+    measured = 0
+    for rule, wildcards, resline in jobs:
+        if rule != "theorem1":
+            continue
+        w = dict(kv.split("=", 1) for kv in wildcards.split(", "))
+        got = dict(kv.split("=", 1) for kv in resline.split(", "))
+        stores = sorted((res / w["model"] / "attention").glob("sample*.zarr"))
+        k = cfg["theorem1"]["samples"]
+        stores = stores if k == "all" else stores[:k]
+        head = resources.largest_head_mb(stores)
+        n = resources.theorem1_head_samples(resources.stored_heads(stores), len(stores), cfg["theorem1"]["max_heads"])
+        assert head > 0 and n > 0
+        assert int(got["mem_mb"]) == resources.head_job_memory_mb("theorem1", head), (w, got)
+        assert int(got["runtime"]) == resources.head_job_runtime_minutes("theorem1", head, n), (w, got)
+        measured += 1
+    assert measured == len(models), text[-3000:]  # every model has a theorem1 job
 
 
 

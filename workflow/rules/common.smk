@@ -341,6 +341,27 @@ def analysis_resources(stage):
     return {"mem_mb": mem_mb, "runtime": runtime}
 
 
+def theorem1_resources():
+    """`mem_mb` and `runtime` of the theorem1 job: oattn_lib.resources' model of a job measuring
+    heads one after another, from one head's size and the head-samples it measures (the stores'
+    headers, theorem1.max_heads), `GROWTH` times more on each retry."""
+
+    def mem_mb(wildcards, input, attempt):
+        return oattn_resources.head_job_memory_mb("theorem1", oattn_resources.largest_head_mb(input.attention), attempt)
+
+    def runtime(wildcards, input, attempt):
+        n = oattn_resources.theorem1_head_samples(
+            oattn_resources.stored_heads(input.attention),
+            len(input.attention),
+            config["theorem1"]["max_heads"],
+        )
+        return oattn_resources.head_job_runtime_minutes(
+            "theorem1", oattn_resources.largest_head_mb(input.attention), n, attempt
+        )
+
+    return {"mem_mb": mem_mb, "runtime": runtime}
+
+
 def all_targets():
     out = [f"{R}/summary.md", f"{R}/explorer.html"]
     for name in MODELS:

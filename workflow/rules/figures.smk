@@ -44,10 +44,10 @@ rule figures:
         "../../scripts/figures.py"
 
 
-# Theorem 1 and Corollary 1 on every head of the first samples (or a seeded random subset per
+# Theorem 1 and Corollary 1 on every head of every sample (or a seeded random subset per
 # sample): each head's 2-D organized order against its original order and random orders. The
-# claims read its table. Its work per head is the figures' temperature work (a 2-D questionnaire and
-# a few paraproducts of one head), so it asks for what a figures job asks.
+# claims read its table. It asks for one head's memory and the time of the head-samples it
+# measures (oattn_lib.resources.HEAD_JOBS).
 rule theorem1:
     input:
         attention=theorem1_attention,
@@ -64,7 +64,7 @@ rule theorem1:
     threads: 1
     resources:
         **ANALYSIS_GPU,
-        **analysis_resources("figures"),
+        **theorem1_resources(),
     params:
         device=config["device"],
         theorem1=config["theorem1"],
