@@ -525,3 +525,16 @@ def test_the_merge_decides_as_with_every_neighbour_sorted(monkeypatch, kind):
                     got.append((_greedy_merge(d, constant, log, tiebreak=tiebreak), log))
                 np.testing.assert_array_equal(got[0][0], got[1][0])
                 assert got[0][1] == got[1][1]
+
+
+def test_an_affinity_that_is_not_one_gets_an_error_naming_what_is_wrong():
+    a = np.random.default_rng(0).random((6, 6))
+    sym = (a + a.T) / 2
+    for bad, what in ((a, r"not symmetric \(max \|A - A\^T\| = "), (sym[:5], "square matrix"),
+                      (sym - 1.0, "negative entries"), (np.where(sym > 0.5, np.nan, sym), "NaN or inf")):
+        with pytest.raises(ValueError, match=what):
+            flexible_tree(bad)
+    # asymmetry within the tolerance (relative to the largest entry) is rounding: the mean is used
+    near = sym * 1e3
+    near[0, 1] += 1e-4
+    np.testing.assert_array_equal(flexible_tree(near).labels, flexible_tree((near + near.T) / 2).labels)
