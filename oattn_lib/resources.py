@@ -146,11 +146,16 @@ def largest_head_mb(paths) -> float:
                default=0) * 8 / 1e6
 
 
-def _model(rule: str) -> JobModel:
+def _lookup(models: dict, rule: str, what: str = ""):
+    """The model of `rule` in `models`, or an error naming the rule and the modelled ones."""
     try:
-        return MODELS[rule]
+        return models[rule]
     except KeyError:
-        raise ValueError(f"rule {rule!r}: no resource model; modelled: {sorted(MODELS)}") from None
+        raise ValueError(f"rule {rule!r}: no resource model{what}; modelled: {sorted(models)}") from None
+
+
+def _model(rule: str) -> JobModel:
+    return _lookup(MODELS, rule)
 
 
 def memory_mb(rule: str, tensor_mb: float, attempt: int = 1, head_mb: float = 0.0) -> int:
@@ -207,11 +212,7 @@ def theorem1_head_samples(n_heads: int, n_samples: int, max_heads: int) -> int:
 
 
 def _head_job(rule: str) -> HeadJob:
-    try:
-        return HEAD_JOBS[rule]
-    except KeyError:
-        raise ValueError(f"rule {rule!r}: no resource model of a job measuring heads; modelled: "
-                         f"{sorted(HEAD_JOBS)}") from None
+    return _lookup(HEAD_JOBS, rule, " of a job measuring heads")
 
 
 def head_job_memory_mb(rule: str, head_mb: float, attempt: int = 1) -> int:
@@ -378,11 +379,7 @@ def prune_passes(prune: dict) -> int:
 
 
 def _model_job(rule: str) -> ModelJob:
-    try:
-        return MODEL_JOBS[rule]
-    except KeyError:
-        raise ValueError(f"rule {rule!r}: no resource model of a job holding a model; modelled: "
-                         f"{sorted(MODEL_JOBS)}") from None
+    return _lookup(MODEL_JOBS, rule, " of a job holding a model")
 
 
 def model_job_memory_mb(rule: str, features: dict, attempt: int = 1) -> int:

@@ -124,12 +124,16 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
     cfg = {**__import__("copy").deepcopy(TINY)}
     validate_config(cfg, str(SCHEMA))
     models = {m["name"]: m for m in cfg["models"]}
+
+    def requests(name):
+        """(wildcards, resources) of each planned job of rule `name`."""
+        for rule, wildcards, resline in jobs:
+            if rule == name:
+                yield (dict(kv.split("=", 1) for kv in wildcards.split(", ")),
+                       dict(kv.split("=", 1) for kv in resline.split(", ")))
+
     pruned = 0
-    for rule, wildcards, resline in jobs:
-        if rule != "prune":
-            continue
-        w = dict(kv.split("=", 1) for kv in wildcards.split(", "))
-        got = dict(kv.split("=", 1) for kv in resline.split(", "))
+    for w, got in requests("prune"):
         m = models[w["model"]]
         f = resources.model_job_features("prune", m, res / m["name"] / "model", prune_settings(cfg, m))
         assert f is not None and f["weights_mb"] > 0, (w, f)
@@ -138,11 +142,7 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
     assert pruned == len(models), text[-3000:]
     # the theorem1 jobs: one head's memory, the time of the head-samples they measure
     measured = 0
-    for rule, wildcards, resline in jobs:
-        if rule != "theorem1":
-            continue
-        w = dict(kv.split("=", 1) for kv in wildcards.split(", "))
-        got = dict(kv.split("=", 1) for kv in resline.split(", "))
+    for w, got in requests("theorem1"):
         stores = sorted((res / w["model"] / "attention").glob("sample*.zarr"))
         k = cfg["theorem1"]["samples"]
         stores = stores if k == "all" else stores[:k]
