@@ -10,8 +10,12 @@ from snakemake.utils import min_version
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from oattn_lib.config import validate_config
+from oattn_lib.snakemake_fixes import reserve_lone_jobs
 
 min_version("9.0")
+# Snakemake 9.10-9.16 run a job that is alone among the ready ones without reserving its cores,
+# and so run ever more jobs than --cores (oattn_lib/snakemake_fixes.py)
+reserve_lone_jobs()
 
 
 configfile: "config.yaml"
