@@ -137,13 +137,23 @@ def largest_array_mb(paths) -> float:
     return max((math.prod(h.get("shape") or []) for _, h in _array_headers(paths)), default=0) * 4 / 1e6
 
 
+def _head_shapes(paths):
+    """The shapes of the arrays of the zarr stores `paths` whose last two dimensions are named
+    query and key (the attention store's), from their headers."""
+    for _, h in _array_headers(paths):
+        if len(h.get("shape") or []) >= 2 and list(h.get("dimension_names") or [])[-2:] == ["query", "key"]:
+            yield h["shape"]
+
+
 def largest_head_mb(paths) -> float:
     """One head of the zarr stores `paths` as float64, in MB: the largest query x key of their
-    arrays (those whose last two dimensions are named query and key: the attention store's),
-    read from the arrays' headers; 0 where none exists yet."""
-    return max((h["shape"][-1] * h["shape"][-2] for _, h in _array_headers(paths)
-                if len(h.get("shape") or []) >= 2 and list(h.get("dimension_names") or [])[-2:] == ["query", "key"]),
-               default=0) * 8 / 1e6
+    attention arrays, read from the arrays' headers; 0 where none exists yet."""
+    return max((shape[-1] * shape[-2] for shape in _head_shapes(paths)), default=0) * 8 / 1e6
+
+
+def _tokens(head_mb: float) -> float:
+    """The side of a square head of `head_mb` (float64), in tokens."""
+    return math.sqrt(max(head_mb, 0.0) * 1e6 / 8)
 
 
 def _lookup(models: dict, rule: str, what: str = ""):
@@ -169,7 +179,7 @@ def runtime_minutes(rule: str, tensor_mb: float, n_samples: int = 1, attempt: in
     """The run time (minutes) a job of `rule` asks for: `n_samples` samples of `tensor_mb` each
     for the rules that analyse one sample after another, of heads of `head_mb` (`largest_head_mb`)."""
     m = _model(rule)
-    tokens = math.sqrt(max(head_mb, 0.0) * 1e6 / 8)
+    tokens = _tokens(head_mb)
     per_mb = m.s_per_mb + m.s_per_mb_token * tokens / 1024
     seconds = m.base_s + per_mb * tensor_mb * (n_samples if m.per_sample_time else 1)
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
@@ -179,9 +189,7 @@ def stored_heads(paths) -> int:
     """The heads of the zarr stores `paths`: the largest product of the leading dimensions (layer x
     head) of the arrays whose last two dimensions are query and key, read from the headers; 0
     where none exists yet."""
-    return max((math.prod(h["shape"][:-2]) for _, h in _array_headers(paths)
-                if len(h.get("shape") or []) >= 2 and list(h.get("dimension_names") or [])[-2:] == ["query", "key"]),
-               default=0)
+    return max((math.prod(shape[:-2]) for shape in _head_shapes(paths)), default=0)
 
 
 # -- jobs that measure heads one after another: theorem1 ---------------------------------------
@@ -225,7 +233,7 @@ def head_job_runtime_minutes(rule: str, head_mb: float, head_samples: int, attem
     """The run time (minutes) a job of `rule` (theorem1) asks for: `head_samples` heads of `head_mb`
     (`theorem1_head_samples`)."""
     m = _head_job(rule)
-    tokens = math.sqrt(max(head_mb, 0.0) * 1e6 / 8)
+    tokens = _tokens(head_mb)
     seconds = m.base_s + head_samples * (m.s_per_head + m.s_per_mb_token * head_mb * tokens / 1024)
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
 
