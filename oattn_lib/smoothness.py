@@ -32,7 +32,7 @@ from .paraproduct import check_order, paraproduct
 from .trees import balanced_tree
 
 __all__ = ["FAMILIES", "HaarDecay", "haar_decay", "Corollary1", "corollary1", "ResidualSmoothness",
-           "residual_smoothness"]
+           "residual_smoothness", "THEOREM1_MEASURES", "theorem1_measures"]
 
 # The coefficient families of the bi-Haar basis (docs/method.md §7.7): a row wavelet times the
 # column constant, the row constant times a column wavelet, and a wavelet on each axis.
@@ -486,3 +486,18 @@ def residual_smoothness(f, row_order=None, col_order=None, allowed=None, quantil
     soft, res = one(0), one(1)
     return ResidualSmoothness(alpha_softmax=soft.alpha, alpha_residual=res.alpha, residual=pp.relative_residual,
                               corollary1_residual=cor.relative_residual, softmax_decay=soft, residual_decay=res)
+
+
+THEOREM1_MEASURES = ("residual", "corollary1_residual", "alpha_softmax", "alpha_residual")
+"""What `theorem1_measures` gives of a head, in its order."""
+
+
+def theorem1_measures(f, row_order=None, col_order=None, allowed=None) -> tuple[np.ndarray, str]:
+    """THEOREM1_MEASURES of one head (`residual_smoothness`'s arguments) as a float64 array, and ""; a
+    paraproduct beyond float64 (docs/method.md §7.4) gives residuals inf and exponents NaN, and the
+    reason."""
+    try:
+        m = residual_smoothness(f, row_order, col_order, allowed)
+    except ValueError as exc:
+        return np.array([np.inf, np.inf, np.nan, np.nan]), str(exc)
+    return np.array([m.residual, m.corollary1_residual, m.alpha_softmax, m.alpha_residual], dtype=np.float64), ""

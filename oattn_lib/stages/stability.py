@@ -16,7 +16,7 @@ from ..haar import bihaar, haar_basis, trihaar
 from ..diffusion import diffusion_map
 from ..questionnaire import questionnaire3d, questionnaire2d
 from ..runtime import resolve_device
-from ..smoothness import residual_smoothness
+from ..smoothness import theorem1_measures
 from ..stability import (FIG_MEASURES, PERTURBATIONS, REFERENCE, bootstrap_samples, head_tree_agreement, perturb, rename_tree, replicate_plan,
                          recurrence_interval, replicate_rng, same_folders, stability_summary,
                          unit_permutation_back)
@@ -44,17 +44,15 @@ def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
 
 
 def _figure_measures(g, allowed, row_order, col_order) -> np.ndarray:
-    """FIG_MEASURES of one head's scores g in the given orders; not finite where the paraproduct is
-    beyond float64 (docs/method.md §7.4), as the theorem1 stage records it."""
-    try:
-        m = residual_smoothness(g, row_order, col_order, allowed)
-    except ValueError as exc:
-        log.info("figure head: %s", exc)
-        return np.array([np.inf, np.inf, np.nan, np.nan])
-    return np.array([m.residual, m.corollary1_residual, m.alpha_softmax, m.alpha_residual], dtype=np.float64)
+    """FIG_MEASURES of one head's scores g in the given orders, as the theorem1 stage measures them
+    (`smoothness.theorem1_measures`; not finite beyond float64)."""
+    vals, why = theorem1_measures(g, row_order, col_order, allowed)
+    if why:
+        log.info("figure head: %s", why)
+    return vals
 
 
-def _fig_measures(heads: list, pert_name: str, rng_of, device="cpu") -> np.ndarray:
+def _perturbed_figure_measures(heads: list, pert_name: str, rng_of, device="cpu") -> np.ndarray:
     """FIG_MEASURES (fig_head, measure) of each figure head (scores g, allowed mask) after the
     perturbation, with its own 2-D organization of the perturbed scores (docs/method.md §7); NaN
     for sibling (the paraproduct has no Haar basis, so no sibling ranks)."""
@@ -146,7 +144,7 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
             row["diffusion_coords"] = coords
         if figs:
             # each figure head's own random state, apart from the tensor's (replicate_rng)
-            row["fig"] = (ref_fig if name == REFERENCE else _fig_measures(
+            row["fig"] = (ref_fig if name == REFERENCE else _perturbed_figure_measures(
                 figs, name, lambda i, n=name, j=index: np.random.default_rng(
                     [int(settings["seed"]), int(sample), PERTURBATIONS.index(n), int(j), 1 + i]), device))
         rows.append(row)

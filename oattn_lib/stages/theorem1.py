@@ -19,7 +19,7 @@ import pandas as pd
 
 from .. import store
 from ..questionnaire import questionnaire2d
-from ..smoothness import residual_smoothness
+from ..smoothness import theorem1_measures
 from ..temperature import residual_curve, temperature_grid
 from .common import head_array, model_mask, on_device
 
@@ -74,12 +74,9 @@ def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int |
             orders += [("random", k, rng.permutation(g.shape[0]), rng.permutation(g.shape[1]))
                        for k in range(random_orders)]
             for name, k, r, c in orders:
-                try:
-                    m = residual_smoothness(g, r, c, allowed)
-                    vals = (m.residual, m.corollary1_residual, m.alpha_softmax, m.alpha_residual)
-                except ValueError as exc:  # beyond float64 (docs/method.md §7.4): recorded as not finite
-                    log.info("theorem1: sample %d head %d.%d, %s order: %s", s, layer, head, name, exc)
-                    vals = (np.inf, np.inf, np.nan, np.nan)
+                vals, why = theorem1_measures(g, r, c, allowed)
+                if why:  # beyond float64 (docs/method.md §7.4): recorded as not finite
+                    log.info("theorem1: sample %d head %d.%d, %s order: %s", s, layer, head, name, why)
                 rows.append(dict(zip(COLUMNS, (s, layer, head, name, k, *(float(v) for v in vals)))))
                 if out_curves is not None:
                     curve = residual_curve(g, taus, r, c, allowed)
