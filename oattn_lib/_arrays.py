@@ -79,10 +79,18 @@ def all_finite_array(a: np.ndarray, chunk: int = 1 << 22) -> bool:
     `chunk` entries; no mask the size of `a`); True for a non-floating dtype."""
     if not np.issubdtype(a.dtype, np.floating):
         return True
+    finite = _finite_float16 if a.dtype == np.float16 else (lambda x: bool(np.isfinite(x).all()))
     if a.ndim == 0 or a.size <= chunk:
-        return bool(np.isfinite(a).all())
+        return finite(a)
     step = max(1, chunk // (a.size // a.shape[0]))
-    return all(bool(np.isfinite(a[i:i + step]).all()) for i in range(0, a.shape[0], step))
+    return all(finite(a[i:i + step]) for i in range(0, a.shape[0], step))
+
+
+def _finite_float16(x: np.ndarray) -> bool:
+    # NaN and inf are the float16 values whose exponent bits (0x7C00) are all set; numpy's
+    # float16 isfinite is not vectorised, an integer mask and maximum are (about 10 times faster)
+    bits = np.ascontiguousarray(x).view(np.uint16)
+    return bits.size == 0 or int((bits & 0x7FFF).max()) < 0x7C00
 
 
 def back(t: torch.Tensor, was_numpy: bool):

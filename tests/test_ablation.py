@@ -379,6 +379,46 @@ def test_attention_scores_are_per_head_whatever_the_block_of_heads():
     np.testing.assert_allclose(ab.attention_entropy(p), ref_ent, rtol=1e-12)
 
 
+def test_attention_scores_of_a_float16_store_equal_the_widened_computation():
+    # the float16 fast paths (a table of x log x by bits, row maxima of the bits) must give the
+    # very numbers the float64 computation gives on the widened values: zeros (masked keys),
+    # subnormals, the largest finite value, a block boundary inside a layer
+    rng = np.random.default_rng(5)
+    p = rng.dirichlet(np.full(40, 0.05), size=(3, 5, 40)).astype(np.float16)
+    p[0, 1, :, 20:] = 0.0
+    p[1, 2, 3, :4] = np.float16(6e-8)  # subnormal
+    p[2, 4, 7, 0] = np.float16(65504.0)
+    wide = p.astype(np.float64)
+    ref_ent = np.array([[ab._entropy_rows(wide[i, j]) for j in range(5)] for i in range(3)])
+    ref_conf = wide.max(-1).mean(-1)
+    np.testing.assert_array_equal(ab.attention_entropy(p), ref_ent)
+    np.testing.assert_array_equal(ab.attention_confidence(p), ref_conf)
+    for block in (1, 4, 15):
+        np.testing.assert_array_equal(ab._per_head(p, ab._entropy_rows_float16, chunk_bytes=block * 40 * 40 * 8,
+                                                   widen=False), ref_ent)
+    # a negative value or a NaN breaks the bits' order: the row maxima come from the values
+    q = p[:1].copy()
+    q[0, 0, 0, :] = -1.0
+    q[0, 0, 0, 3] = -0.5
+    q[0, 3, 2, 9] = np.nan
+    ref = q.astype(np.float64).max(-1).mean(-1)
+    np.testing.assert_array_equal(ab.attention_confidence(q), ref)
+    assert ab.attention_confidence(q)[0, 0] < ref_conf[0, 0]
+
+
+def test_float16_finiteness_is_read_from_the_exponent_bits():
+    from oattn_lib._arrays import all_finite_array
+
+    x = np.random.default_rng(2).normal(size=(6, 4, 64, 64)).astype(np.float16)
+    x[0, 0, 0, 0], x[0, 0, 0, 1], x[0, 0, 0, 2] = np.float16(-65504.0), np.float16(-0.0), np.float16(6e-8)
+    assert all_finite_array(x) and all_finite_array(x, chunk=100) and all_finite_array(x[:, :, ::3])
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[5, 3, 63, 63] = bad  # the last slab's last entry
+        assert not all_finite_array(y) and not all_finite_array(y, chunk=100)
+        assert not all_finite_array(y[:, :, ::3]) and not all_finite_array(np.float16(bad))
+
+
 def test_orders_and_masks():
     assert ab.lowest_first([[3.0, 1.0], [2.0, 1.0]]).tolist() == [1, 3, 2, 0]  # ties by index
     np.testing.assert_array_equal(ab.mask_counts(16, 0.1), [0, 2, 3, 5, 6, 8, 10, 11, 13, 14, 16])
