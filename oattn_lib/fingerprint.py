@@ -302,16 +302,22 @@ def snakemake_internals_problems() -> list[str]:
       the path of a job's first output;
     - `Workflow.persistence` (a property) and `Persistence.params(path)`: the params recorded with an
       output, a list holding each param's value as its `repr` (`Persistence._serialize_param`).
+      The class is `snakemake.persistence.Persistence` up to Snakemake 9.16 and the base of its
+      file and database back-ends, `snakemake.persistence.PersistenceBase`, from 9.17 on.
     """
     try:
         import snakemake.api  # noqa: F401  first: importing snakemake.workflow first is circular
+        import snakemake.persistence
         from snakemake.io import _IOFile
-        from snakemake.persistence import Persistence
         from snakemake.rules import Rule
         from snakemake.settings.types import DAGSettings, RerunTrigger
         from snakemake.workflow import Workflow
     except ImportError as exc:
         return [f"a module or name moved ({exc})"]
+    Persistence = getattr(snakemake.persistence, "Persistence", None) or getattr(
+        snakemake.persistence, "PersistenceBase", None)
+    if Persistence is None:
+        return ["a module or name moved (snakemake.persistence has neither Persistence nor PersistenceBase)"]
     problems = []
     if not isinstance(getattr(RerunTrigger, "CODE", None), RerunTrigger):
         problems.append("RerunTrigger has no member CODE")

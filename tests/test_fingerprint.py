@@ -268,7 +268,9 @@ def test_code_version_refuses_a_snakemake_without_what_it_reads(monkeypatch, sta
     import snakemake.api  # noqa: F401  (snakemake.workflow imported first is circular)
 
     module, _, name = owner.rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
+    mod = importlib.import_module(module)
+    # Snakemake 9.17 renamed the class whose params are read, PersistenceBase
+    cls = getattr(mod, name, None) or getattr(mod, f"{name}Base")
     if replacement is None:
         monkeypatch.delattr(cls, attr)
     else:
