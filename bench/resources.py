@@ -37,7 +37,7 @@ from oattn_lib.resources import (HEAD_JOBS, MODEL_JOBS, MODELS, head_job_memory_
                                  model_job_features, model_job_memory_mb, model_job_runtime_minutes,
                                  prune_passes, runtime_minutes)
 
-_FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+))?\.tsv$")
+_FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+)|_samples\d+-\d+)?\.tsv$")
 COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds", "head_mb"]
 MODEL_JOB_COLUMNS = ["source", "model", "rule", "sample", "weights_mb", "attention_mb", "logits_mb", "network_mb",
                      "work", "max_rss_mb", "seconds"]
@@ -117,7 +117,7 @@ def measured_model_jobs(results: Path, source: str, config: dict) -> list[dict]:
     rows = []
     for path in sorted((results / "benchmarks").glob("*/*.tsv")):
         m = _FILE.match(path.name)
-        rule = re.sub(r"_\d+_samples$", "", m["rule"]) if m else None
+        rule = m["rule"] if m else None
         if rule not in MODEL_JOBS or path.parent.name not in models:
             continue
         model = models[path.parent.name]

@@ -13,7 +13,8 @@ from the first line of its log (`<results>/logs/<model>/<rule>[_sample<k>].log`,
     python bench/stages.py results --json
 
 A job's file is `benchmarks/<model>/<rule>[_sample<k>].tsv` (`_part<k>` for the explorer's
-sample jobs); the rule is the file name without that suffix. Files elsewhere under benchmarks/ (softmax_free/...) keep
+sample jobs, `_samples<first>-<last>` for a batch of a small model's samples where it has
+several); the rule is the file name without that suffix. Files elsewhere under benchmarks/ (softmax_free/...) keep
 their directory as the model.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-_SAMPLE = re.compile(r"_(?:sample|part)\d+$")
+_SAMPLE = re.compile(r"_(?:sample|part)\d+$|_samples\d+-\d+$")
 _STARTUP = re.compile(r" start-up (\d+(?:\.\d+)?) s")
 
 

@@ -17,7 +17,7 @@ import yaml
 from .models import adapter
 from .units import resolve_unit
 
-__all__ = ["ConfigError", "SCHEMA", "validate_config", "defaults_validator", "check_config", "coerce_config", "canonical",
+__all__ = ["ConfigError", "SCHEMA", "batch_jobs", "rule_stage", "validate_config", "defaults_validator", "check_config", "coerce_config", "canonical",
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
            "softmax_free_bases", "stability_samples", "explorer_parts",
            "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES",
@@ -274,6 +274,40 @@ def batched_samples(model: dict, max_entries: int) -> bool:
     if units is None or n is None:
         return False
     return n * n * len(units[0]) * len(units[1]) <= max_entries
+
+
+def batch_jobs(models: dict, max_samples: int) -> list[tuple[str, str, list[int]]]:
+    """The batch jobs of the batched models (`batched_samples`), one per run of at most
+    `max_samples` consecutive samples (config `jobs.batch_max_samples`): `(suffix, model,
+    samples)` for `models` {name: sample indices}, in their order. `suffix` names the job's
+    rules (`<stage>_batch_<suffix>`): the model's name with every character that is not a
+    letter, digit or underscore made one, then `_samples<first>_<last>` where the model has
+    more than one batch; names that would clash get `_m<k>`, k the model's position.
+
+    Each rule then has outputs with no wildcards (the model's own stores): Snakemake finds a
+    file's producer among the rules whose outputs start as the file does, and outputs with a
+    `{model}` wildcard all start alike, so that a model of n samples in one job would be
+    planned in time growing as n squared."""
+    if max_samples < 1:
+        raise ValueError(f"jobs.batch_max_samples: {max_samples} is below 1")
+    idents = {name: re.sub(r"\W", "_", name, flags=re.ASCII) for name in models}
+    clashes = {i for i in idents.values() if list(idents.values()).count(i) > 1}
+    jobs = []
+    for k, (name, indices) in enumerate(models.items()):
+        ident = idents[name] + (f"_m{k}" if idents[name] in clashes else "")
+        indices = list(indices)
+        chunks = [indices[i:i + max_samples] for i in range(0, len(indices), max_samples)]
+        for chunk in chunks:
+            suffix = ident if len(chunks) == 1 else f"{ident}_samples{chunk[0]}_{chunk[-1]}"
+            jobs.append((suffix, name, chunk))
+    return jobs
+
+
+def rule_stage(rule: str) -> str:
+    """The stage a Snakemake rule runs: a batch rule's (`<stage>_batch_<model>`, `batch_jobs`)
+    its stage, any other rule's its name."""
+    m = re.fullmatch(r"(\w+?)_batch_\w+", rule)
+    return m.group(1) if m else rule
 
 
 def _merged(base: dict, override: dict) -> dict:

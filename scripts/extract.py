@@ -1,11 +1,11 @@
 """Snakemake entry: scores and probabilities of every head for one sample, or for each of a
-model's samples (outputs sample0, sample1, ... in order; the model is loaded once)."""
+batch of a model's samples (param `samples`, in the order of the outputs; the model is loaded once)."""
 from oattn_lib.runtime import setup_logging
 from oattn_lib.stages.extract import extract_samples
 
 setup_logging(snakemake.log[0], snakemake.threads)
 p, i, w = snakemake.params, snakemake.input, snakemake.wildcards
 outs = list(snakemake.output.store)
-samples = [int(w.sample)] if "sample" in w.keys() else list(range(len(outs)))
+samples = [int(w.sample)] if "sample" in w.keys() else list(p.samples)
 extract_samples(p.model["kind"], p.model, i.npz, i.meta, i.checkpoint or None, outs, samples, device=p.device,
                 config_slice=p.model, code=p.code, prepared=i.get("prepared"))

@@ -250,7 +250,7 @@ def readme_run(tmp_path_factory):
     assert "prune" not in dry.stdout.split("Job stats:")[-1]
     # samples of their own lengths are planned for the longest (16 x 16 tokens x 8 heads here):
     # under the tiny config's jobs.batch_max_entries, one job per stage for all four
-    assert re.search(r"^extract_4_samples\s+1$", dry.stdout, re.M), dry.stdout[-2000:]
+    assert re.search(r"^extract_batch_ext\s+1$", dry.stdout, re.M), dry.stdout[-2000:]
     # run one job per sample, so that the edit below can show which samples rerun
     cfg["jobs"] = {"batch_max_entries": 0}
     snakemake(work, cfg)

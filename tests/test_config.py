@@ -265,3 +265,25 @@ def test_validation_needs_no_snakemake(tmp_path):
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     validate_config(config, SCHEMA)
     assert json.loads(out.stdout) == json.loads(json.dumps(config))
+
+
+def test_batch_jobs_cut_each_model_into_runs_of_consecutive_samples():
+    from oattn_lib.config import batch_jobs, rule_stage
+
+    jobs = batch_jobs({"vit-tiny": range(5), "softmax_free/txl/tensor_q/seed0": range(2)}, 2)
+    assert jobs == [("vit_tiny_samples0_1", "vit-tiny", [0, 1]), ("vit_tiny_samples2_3", "vit-tiny", [2, 3]),
+                    ("vit_tiny_samples4_4", "vit-tiny", [4]),
+                    ("softmax_free_txl_tensor_q_seed0", "softmax_free/txl/tensor_q/seed0", [0, 1])]
+    # a model within one batch keeps its plain name; the shown samples of a page may be a subset
+    assert batch_jobs({"vit": range(5)}, 200) == [("vit", "vit", [0, 1, 2, 3, 4])]
+    assert batch_jobs({"vit": [0, 1]}, 1) == [("vit_samples0_0", "vit", [0]), ("vit_samples1_1", "vit", [1])]
+    # names that become one identifier stay apart, so no two rules share a name
+    clash = batch_jobs({"a-b": range(1), "a_b": range(1), "a.b": range(3)}, 2)
+    assert [s for s, _, _ in clash] == ["a_b_m0", "a_b_m1", "a_b_m2_samples0_1", "a_b_m2_samples2_2"]
+    assert all(s.isidentifier() for s, _, _ in jobs + clash)
+    with pytest.raises(ValueError, match="jobs.batch_max_samples: 0"):
+        batch_jobs({"vit": range(2)}, 0)
+    assert [rule_stage(f"{st}_batch_{s}") for st in ("extract", "organize2d") for s, _, _ in clash[:2]] == [
+        "extract", "extract", "organize2d", "organize2d"]
+    assert [rule_stage(r) for r in ("organize", "explorer_samples", "softmax_free_train", "organize_batch_x_batch_y")] \
+        == ["organize", "explorer_samples", "softmax_free_train", "organize"]

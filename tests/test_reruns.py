@@ -21,17 +21,18 @@ from wfutil import REPO, TINY, by_stage, planned_jobs, reordered
 
 pytestmark = pytest.mark.workflow
 
-# txl and vit (tiny) analyse both samples in one job per stage (organize_2_samples, ...), lm one
+# txl and vit (tiny) analyse both samples in one job per stage (organize_batch_txl, ...), lm one
 # job per sample (jobs.batch_max_entries in the test config), and its page is planned and its
 # samples encoded by jobs of their own (explorer_plan, explorer_samples)
-ANALYSIS_AFTER_ORGANIZE = {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2,
-                           "entropy": 3, "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3,
+ANALYSIS_AFTER_ORGANIZE = {"organize_batch_txl": 1, "organize_batch_vit": 1, "organize": 2,
+                           "decompose_batch_txl": 1, "decompose_batch_vit": 1, "decompose": 2, "entropy": 3,
+                           "organize2d_batch_txl": 1, "organize2d_batch_vit": 1, "organize2d": 2, "stability": 2, "tables": 3,
                            "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2,
                            "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 # theorem1 reads no organization (each head gets its own 2-D one), but runs the 2-D questionnaire
 AFTER_QUESTIONNAIRE_EDIT = {**ANALYSIS_AFTER_ORGANIZE, "theorem1": 3}
 # txl's own jobs from organize on (organize2d reads its decomposed figure heads), one each
-MASKED_RULE_RERUNS = {"organize_2_samples": 1, "decompose_2_samples": 1, "entropy": 1, "organize2d_2_samples": 1,
+MASKED_RULE_RERUNS = {"organize_batch_txl": 1, "decompose_batch_txl": 1, "entropy": 1, "organize2d_batch_txl": 1,
                       "stability": 1, "tables": 1, "figures": 1, "prune": 1, "explorer": 1, "explorer_index": 1,
                       "summary": 1, "all": 1}
 
@@ -155,11 +156,10 @@ def test_changed_n_iters_reruns_organize_and_after_never_training(project):
 def test_fewer_samples_on_the_pages_rebuild_the_pages_only(project):
     """explorer.max_samples 1 (of 2): the pages are planned and built again, with one sample
     part for lm; nothing before them reruns. lm's 2-D organizations are not made again (sample 0's
-    exist); the small models' one organize2d job is, by the rule for one sample
-    (organize2d_1_samples: seconds)."""
+    exist); the small models' organize2d jobs are, as their inputs changed (seconds)."""
     jobs = dry_run(project, "--config", "explorer={max_samples: 1}")
     assert jobs == {"explorer_plan": 1, "explorer_samples": 1, "explorer": 3, "explorer_index": 1, "all": 1,
-                    "organize2d_1_samples": 2}, jobs
+                    "organize2d_batch_txl": 1, "organize2d_batch_vit": 1}, jobs
 
 
 # -- the same config in another form -----------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 import xarray as xr
 
 from oattn_lib import resources
+from oattn_lib.config import rule_stage
 from oattn_lib.store import write_store
 
 BENCH = __import__("pathlib").Path(__file__).resolve().parents[1] / "bench"
@@ -83,9 +84,9 @@ def test_the_tensor_size_is_the_largest_array_of_the_stores_read_from_headers(tm
 
 @pytest.mark.workflow
 def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp_path):
-    """organize and stability run again on a copy of the tiny run (and what lies between them):
-    every analysis job's mem_mb and runtime, as Snakemake reports them, are the model's for the
-    stores the job reads. (A dry run cannot show them: Snakemake leaves a request that reads the
+    """organize (per sample and in batches) and stability run again on a copy of the tiny run (and
+    what lies between them): every analysis job's mem_mb and runtime, as Snakemake reports them,
+    are the model's for the stores the job reads (a batch job's: its samples'). (A dry run cannot show them: Snakemake leaves a request that reads the
     input files undecided until the job runs.)"""
     import shutil
 
@@ -93,30 +94,40 @@ def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp
 
     run = tmp_path / "run"
     shutil.copytree(clean_run, run, symlinks=True)
-    proc = snakemake(run, TINY, "--forcerun", "organize", "stability", "prune", "theorem1", "--until", "stability",
-                     "prune", "theorem1")
+    proc = snakemake(run, TINY, "--forcerun", "organize", "organize_batch_txl", "organize_batch_vit", "stability",
+                     "prune", "theorem1", "--until", "stability", "prune", "theorem1")
     text = proc.stdout + proc.stderr
     jobs = re.findall(r"rule (\w+):\n(?:    .*\n)*?    wildcards: ([^\n]*)\n(?:    .*\n)*?    resources: ([^\n]*)",
                       text)
-    seen = set()
+    # every job with its outputs: a batch job (`<stage>_batch_<model>`) has no wildcards, its
+    # outputs name its model and samples
+    blocks = re.findall(r"rule (\w+):\n((?:    .*\n)+)", text)
+    seen, batches = set(), set()
     res = run / "results"
-    for rule, wildcards, resline in jobs:
-        stage = re.sub(r"_\d+_samples$", "", rule)
+    for rule, block in blocks:
+        stage = rule_stage(rule)
         if stage not in resources.MODELS:
             continue
-        w = dict(kv.split("=", 1) for kv in wildcards.split(", "))
-        got = dict(kv.split("=", 1) for kv in resline.split(", "))
-        base = res / w["model"]
-        samples = [int(w["sample"])] if "sample" in w else sorted(
+        fields = dict(line.strip().split(": ", 1) for line in block.splitlines() if ": " in line)
+        got = dict(kv.split("=", 1) for kv in fields["resources"].split(", "))
+        model = re.search(r"results/([^/]+)/", fields["output"]).group(1)
+        base = res / model
+        samples = sorted(int(k) for k in re.findall(r"/sample(\d+)\.zarr", fields["output"])) or sorted(
             int(p.name[6:-5]) for p in (base / "attention").glob("sample*.zarr"))
+        if rule != stage:
+            assert "wildcards" not in fields and len(samples) == 2, (rule, fields)
+            batches.add(stage)
         # no store a stage reads holds more entries than the attention tensor
         size = resources.largest_array_mb([base / "attention" / f"sample{k}.zarr" for k in samples])
         head = resources.largest_head_mb([base / "attention" / f"sample{k}.zarr" for k in samples])
         assert size > 0 and head > 0
-        assert int(got["mem_mb"]) == resources.memory_mb(stage, size, head_mb=head), (rule, w, got)
-        assert int(got["runtime"]) >= resources.MIN_RUNTIME, (rule, w, got)
+        assert int(got["mem_mb"]) == resources.memory_mb(stage, size, head_mb=head), (rule, samples, got)
+        assert int(got["runtime"]) >= resources.MIN_RUNTIME, (rule, samples, got)
+        assert int(got["runtime"]) == resources.runtime_minutes(stage, size, len(samples), head_mb=head) or \
+            stage in ("stability", "organize2d", "entropy"), (rule, samples, got)
         seen.add(stage)
     assert {"organize", "decompose", "entropy", "stability"} <= seen, (seen, text[-3000:])
+    assert {"organize", "decompose"} <= batches, batches  # txl's and vit's batch jobs, checked alike
     # the prune jobs (one per model of a kind that prunes): the model of what they hold, from the
     # weights in the run's model folders
     from oattn_lib.config import SCHEMA, prune_settings, validate_config

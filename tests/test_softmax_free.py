@@ -14,6 +14,7 @@ import pytest
 import xarray as xr
 
 from oattn_lib import store
+from oattn_lib.config import rule_stage
 from oattn_lib.stages.softmax_free_table import table5
 from wfutil import REPO, TINY
 
@@ -178,15 +179,16 @@ def job_models(proc) -> set[str]:
 
 @pytest.mark.workflow
 def test_a_dry_run_plans_every_sample_of_every_run_as_its_own_job(tmp_path):
-    from wfutil import planned_jobs, snakemake
+    from wfutil import by_stage, planned_jobs, snakemake
     cfg = sf_config(seeds=2, n_samples=3, variants=["tensor_q", "tensor_k"])
     runs = 2 * 3 * 2  # models x (softmax + 2 variants) x seeds
     common = {"prepare_data": 2, "softmax_free_train": runs, "entropy": runs, "softmax_free_paraproduct": 2 * 2,
               "softmax_free_table": 1, "softmax_free": 1, "kernels": 1}
     # the runs are tiny: one job per stage for the 3 samples of each (jobs.batch_max_entries) ...
     proc = snakemake(tmp_path, cfg, "-n", "softmax_free")
-    assert planned_jobs(proc) == {**common, "extract_3_samples": runs, "organize_3_samples": runs,
-                                  "decompose_3_samples": runs}
+    planned = planned_jobs(proc)
+    assert by_stage(planned) == {**common, "extract": runs, "organize": runs, "decompose": runs}
+    assert planned["extract_batch_softmax_free_vit_tensor_q_seed1"] == 1
     assert job_models(proc) == {"txl", "vit"} | {f"softmax_free/{m}/{a}/seed{s}" for m in ("txl", "vit")
                                                  for a in ("softmax", "tensor_q", "tensor_k") for s in (0, 1)}
     # ... and one job per sample without batching
@@ -211,7 +213,7 @@ def sf_run(clean_run, tmp_path_factory):
 def test_snakemake_softmax_free_builds_table5_and_figure8(sf_run):
     workdir, proc = sf_run
     # nothing of the ordinary models ran again: they only lend their datasets
-    assert {re.sub(r"_\d+_samples$", "", r) for r in re.findall(r"\(Rule: (\w+)\)", proc.stdout + proc.stderr)} == {
+    assert {rule_stage(r) for r in re.findall(r"\(Rule: (\w+)\)", proc.stdout + proc.stderr)} == {
         "softmax_free_train", "extract", "organize", "decompose", "entropy", "softmax_free_paraproduct",
         "softmax_free_table", "softmax_free"}
     assert all(m.startswith("softmax_free/") for m in job_models(proc))

@@ -143,7 +143,8 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     # stability: the replicates' entropies (txl and lm have a stability section)
     # lm (one job per sample): its page planned again and its 2 samples encoded again, one job each
-    assert jobs == {"entropy": 3, "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3,
+    assert jobs == {"entropy": 3, "organize2d_batch_txl": 1, "organize2d_batch_vit": 1, "organize2d": 2,
+                    "stability": 2, "tables": 3,
                     "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2, "explorer": 3,
                     "explorer_index": 1, "summary": 1, "all": 1}
 
@@ -153,8 +154,9 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     cfg["organize"]["n_iters"] = 2
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     # txl and vit: one job for both samples; lm: one per sample
-    assert jobs == {"organize_2_samples": 2, "organize": 2, "decompose_2_samples": 2, "decompose": 2, "entropy": 3,
-                    "organize2d_2_samples": 2, "organize2d": 2, "stability": 2, "tables": 3, "figures": 3, "prune": 3,
+    assert jobs == {"organize_batch_txl": 1, "organize_batch_vit": 1, "organize": 2, "decompose_batch_txl": 1,
+                    "decompose_batch_vit": 1, "decompose": 2, "entropy": 3, "organize2d_batch_txl": 1,
+                    "organize2d_batch_vit": 1, "organize2d": 2, "stability": 2, "tables": 3, "figures": 3, "prune": 3,
                     "explorer_plan": 1, "explorer_samples": 2, "explorer": 3, "explorer_index": 1, "summary": 1,
                     "all": 1}
 
@@ -167,6 +169,33 @@ def test_changing_a_stability_section_reruns_that_models_stability_and_what_read
     assert jobs == {"stability": 1, "tables": 1, "explorer": 1, "explorer_index": 1, "summary": 1, "all": 1}
 
 
+def test_a_small_models_batches_are_cut_and_each_writes_its_own_samples(run, tmp_path):
+    """jobs.batch_max_samples 1: each sample of txl and vit (batched) gets a job per stage of its
+    own, `<stage>_batch_<model>_samples<i>_<i>`, and the job of sample 1 writes sample 1 (the
+    attention the one job for both samples wrote), not its batch's first sample as sample 0."""
+    import shutil
+
+    cfg = copy.deepcopy(TINY)
+    cfg["jobs"] = {"batch_max_samples": 1}
+    jobs = planned_jobs(snakemake(run, cfg, "-n"))
+    for stage in ("extract", "organize", "decompose", "organize2d"):
+        for model in ("txl", "vit"):
+            assert [jobs.get(f"{stage}_batch_{model}_samples{i}_{i}") for i in (0, 1)] == [1, 1], jobs
+            assert f"{stage}_batch_{model}" not in jobs
+    assert "train" not in jobs and jobs.get("extract") is None  # lm: one job per sample, as it was
+    work = tmp_path / "batches"
+    shutil.copytree(run / "results", work / "results")
+    shutil.copytree(run / ".snakemake", work / ".snakemake", ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
+    target = "results/vit/attention/sample1.zarr/zarr.json"
+    proc = snakemake(work, cfg, target)
+    assert re.findall(r"rule (\w+):", proc.stdout + proc.stderr) == ["extract_batch_vit_samples1_1"]
+    before = xr.open_zarr(run / "results/vit/attention/sample1.zarr", consolidated=False).load()
+    after = xr.open_zarr(work / "results/vit/attention/sample1.zarr", consolidated=False).load()
+    assert (after.attrs["sample"], after.attrs["source_index"]) == (1, before.attrs["source_index"])
+    np.testing.assert_array_equal(after["probs"].values, before["probs"].values)
+    assert "vit sample 1" in (work / "results/logs/vit/extract_samples1-1.log").read_text()
+
+
 def test_one_job_per_sample_again_reruns_the_per_sample_stages_only(run):
     """jobs.batch_max_entries off: the batched models' (txl, vit) samples are extracted, organized
     and decomposed again one job per sample (a job's inputs are recorded per job), and what reads
@@ -176,7 +205,7 @@ def test_one_job_per_sample_again_reruns_the_per_sample_stages_only(run):
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
     assert {r: jobs.get(r) for r in ("extract", "organize", "decompose", "entropy")} == {
         "extract": 4, "organize": 4, "decompose": 4, "entropy": 2}
-    assert not any(re.search(r"_\d+_samples$", r) for r in jobs) and "train" not in jobs
+    assert not any("_batch_" in r for r in jobs) and "train" not in jobs
     # their pages now planned and encoded by jobs of their own (2 samples, 2 jobs each)
     assert (jobs.get("explorer_plan"), jobs.get("explorer_samples")) == (2, 4)
 

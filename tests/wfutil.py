@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from oattn_lib.config import rule_stage
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
@@ -44,12 +46,12 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
 
 
 def by_stage(jobs: dict[str, int]) -> dict[str, int]:
-    """Planned jobs per stage: a model's one job for all its samples (rule `<stage>_<k>_samples`,
+    """Planned jobs per stage: a batch job of a model's samples (rule `<stage>_batch_<model>`,
     config jobs.batch_max_entries) counts for its stage, as each per-sample job does; the
     explorer's plan and sample jobs (explorer_plan, explorer_samples) count for the explorer."""
     out: dict[str, int] = {}
     for rule, n in jobs.items():
-        stage = re.sub(r"_\d+_samples$", "", rule)
+        stage = rule_stage(rule)
         stage = "explorer" if stage in ("explorer_plan", "explorer_samples") else stage
         out[stage] = out.get(stage, 0) + n
     return out

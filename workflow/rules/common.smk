@@ -4,13 +4,21 @@
 # sorted, numbers in the schema's types: oattn_lib.config.validate_config), so the params
 # of the rules compare by value: the same config written in another key order or number
 # form plans nothing.
+import functools
 import json
 import os
 import re
 
 from oattn_lib import fingerprint, softmax_free
 from oattn_lib import resources as oattn_resources
-from oattn_lib.config import batched_samples, explorer_parts, prune_settings, shown_samples, stability_samples
+from oattn_lib.config import (
+    batch_jobs,
+    batched_samples,
+    explorer_parts,
+    prune_settings,
+    shown_samples,
+    stability_samples,
+)
 from oattn_lib.models import adapter
 from oattn_lib.runtime import KERNEL_MODULES
 from oattn_lib.models.files import is_gguf_model, resolve_hf
@@ -83,22 +91,74 @@ STABILITY = store(f"{R}/{{model}}/stability.zarr")
 
 # -- jobs: one per sample, or one for all samples of a small model ------------------------
 # A model whose per-sample tensor has at most jobs.batch_max_entries entries runs extract,
-# organize and decompose as one job for all its samples (rules <stage>_<k>_samples, one per
-# sample count k, writing the same per-sample stores): such a job's work is shorter than a
-# job's start-up, which the model then pays once instead of once per sample.
+# organize and decompose as one job for all its samples, at most jobs.batch_max_samples at a
+# time (rules <stage>_batch_<model>, config.batch_jobs), writing the same per-sample stores:
+# such a job's work is shorter than a job's start-up, which the model then pays once per batch
+# instead of once per sample. The batch rules' outputs are the model's own paths, no wildcards:
+# Snakemake's output index then finds each file's producer at once (outputs with a {model}
+# wildcard would all share the prefix "results/", and a batch of n samples plan in n^2).
 BATCHED = {n for n, m in ANALYSED.items() if batched_samples(m, config["jobs"]["batch_max_entries"])}
-BATCH_SIZES = sorted({ANALYSED[n]["extract"]["n_samples"] for n in BATCHED})
 PER_SAMPLE_MODEL = name_pattern([n for n in ANALYSED if n not in BATCHED])
+BATCH_JOBS = batch_jobs({n: samples(n) for n in ANALYSED if n in BATCHED}, config["jobs"]["batch_max_samples"])
 
 
-def batched_pattern(k):
-    """The wildcard pattern of the batched models with k samples."""
-    return name_pattern(sorted(n for n in BATCHED if ANALYSED[n]["extract"]["n_samples"] == k))
+class BatchWildcards:
+    """The wildcards a batch rule's functions are given (`for_model`): attributes, and `keys()`
+    as Snakemake's own wildcards have."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    def keys(self):
+        return self.__dict__.keys()
 
 
-def all_samples(pattern, k):
-    """The k per-sample paths of `pattern`, {model} left a wildcard."""
-    return expand(pattern, sample=range(k), allow_missing=True)
+def for_model(name, indices, fn):
+    """`fn` (an input, params or resources function of the job's wildcards) for a batch rule of
+    model `name`'s samples `indices`, whose outputs have no wildcards: it is given wildcards
+    `model` and `batch` (the samples, "<first>-<last>"; `job_samples` reads it). Its signature,
+    which Snakemake reads to pass `input`, `attempt` and the like, is `fn`'s."""
+    bound = BatchWildcards(model=name, batch=f"{indices[0]}-{indices[-1]}")
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if "wildcards" in kwargs:
+            kwargs["wildcards"] = bound
+        else:
+            args = (bound, *args[1:])
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def job_samples(wildcards):
+    """The samples a job of a model's per-sample stage analyses: its own, its batch's, or all."""
+    if "sample" in wildcards.keys():
+        return [int(wildcards.sample)]
+    if "batch" in wildcards.keys():
+        first, last = map(int, wildcards.batch.split("-"))
+        return list(range(first, last + 1))
+    return list(samples(wildcards.model))
+
+
+def batch_paths(pattern, name, indices):
+    """The paths of `pattern` of model `name`'s samples `indices`."""
+    return [pattern.format(model=name, sample=i) for i in indices]
+
+
+def batch_file(kind, name, stage, indices, jobs):
+    """A batch job's log or benchmark: <kind>/<model>/<stage>.<ext> for a model batched in one job
+    of `jobs`, <stage>_samples<first>-<last>.<ext> where it has several."""
+    ext = "log" if kind == "logs" else "tsv"
+    whole = sum(1 for _, n, _ in jobs if n == name) == 1
+    tail = "" if whole else f"_samples{indices[0]}-{indices[-1]}"
+    return f"{R}/{kind}/{name}/{stage}{tail}.{ext}"
+
+
+def batch_resources(name, indices, resources):
+    """A stage's resources (`model_job_resources`, `analysis_resources`) for a batch rule: its
+    callables bound to the batch (`for_model`), its numbers as they are."""
+    return {k: for_model(name, indices, v) if callable(v) else v for k, v in resources.items()}
 
 
 # the numba kernels, compiled once before the jobs that run them (kernels.smk). An input of
@@ -138,13 +198,10 @@ def explorer_samples_of(model):
     return range(shown_samples(len(samples(model)), config["explorer"]["max_samples"]))
 
 
-# the batched models' organize2d jobs: one per count of shown samples k (organize2d_<k>_samples)
-SHOWN_BATCH_SIZES = sorted({len(explorer_samples_of(n)) for n in BATCHED if n in MODELS})
-
-
-def shown_batched_pattern(k):
-    """The wildcard pattern of the batched models whose explorer page shows k samples."""
-    return name_pattern(sorted(n for n in BATCHED if n in MODELS and len(explorer_samples_of(n)) == k))
+# the batched models' organize2d jobs: the samples their pages show, in batches as above
+SHOWN_BATCH_JOBS = batch_jobs(
+    {n: explorer_samples_of(n) for n in ANALYSED if n in BATCHED and n in MODELS}, config["jobs"]["batch_max_samples"]
+)
 
 
 def shown_stores(pattern):
@@ -219,8 +276,7 @@ def user_inputs(wildcards):
     """The user's files an extract job reads itself (kind attention: the files of its samples), so
     that editing one reruns the analysis of its own samples only ([] for the other kinds)."""
     m = ANALYSED[wildcards.model]
-    wanted = [int(wildcards.sample)] if "sample" in wildcards.keys() else samples(wildcards.model)
-    return adapter(m).sample_files(m, wanted)
+    return adapter(m).sample_files(m, job_samples(wildcards))
 
 
 def checkpoint_input(wildcards):
@@ -290,7 +346,7 @@ def model_job_resources(stage):
         if stage == "prune":
             work = oattn_resources.prune_passes(PRUNE[wildcards.model])
         else:
-            work = 1 if "sample" in wildcards.keys() else len(samples(wildcards.model))
+            work = len(job_samples(wildcards))
         return oattn_resources.model_job_runtime_minutes(stage, f, work, attempt)
 
     return {"mem_mb": mem_mb, "runtime": runtime, **gpu}
@@ -303,10 +359,10 @@ ANALYSIS_GPU = {"gpu": config["resources"]["analysis_gpu"]} if config["resources
 
 def analysis_work(stage, wildcards):
     """Samples a job of `stage` analyses one after another: every sample of the model for a job of
-    all of them (entropy, explorer, a batch job), one for a per-sample job, its part's for an
-    explorer_samples job; stability: its samples times its replicates."""
-    if "sample" in wildcards.keys():
-        return 1
+    all of them (entropy, explorer), one for a per-sample job, its batch's for a batch job, its
+    part's for an explorer_samples job; stability: its samples times its replicates."""
+    if "sample" in wildcards.keys() or "batch" in wildcards.keys():
+        return len(job_samples(wildcards))
     if "part" in wildcards.keys():
         return len(explorer_part_samples(wildcards.model)[int(wildcards.part)])
     if stage in ("explorer", "organize2d"):

@@ -1,8 +1,8 @@
 # bi-/tri-Haar expansions, random-tree baselines, the figure heads' 2-D organization and
 # paraproduct, and the diffusion map of heads (docs/method.md §3, §5.3, §7, §8).
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
-# One job per sample, or one job for all samples of a small model (decompose_<k>_samples;
-# jobs.batch_max_entries, common.smk).
+# One job per sample, or one job for each batch of a small model's samples
+# (decompose_batch_<model>; jobs.batch_max_entries and batch_max_samples, common.smk).
 
 
 rule decompose:
@@ -35,33 +35,31 @@ rule decompose:
         "../../scripts/decompose.py"
 
 
-for _k in BATCH_SIZES:
+for _suffix, _name, _samples in BATCH_JOBS:
 
     rule:
         name:
-            f"decompose_{_k}_samples"
+            f"decompose_batch_{_suffix}"
         input:
-            attention=all_samples(ATTENTION, _k),
-            organized=all_samples(ORGANIZED, _k),
+            attention=batch_paths(ATTENTION, _name, _samples),
+            organized=batch_paths(ORGANIZED, _name, _samples),
         output:
-            store=all_samples(DECOMPOSED, _k),
+            store=batch_paths(DECOMPOSED, _name, _samples),
         log:
-            f"{R}/logs/{{model}}/decompose.log",
+            batch_file("logs", _name, "decompose", _samples, BATCH_JOBS),
         benchmark:
-            f"{R}/benchmarks/{{model}}/decompose.tsv"
-        wildcard_constraints:
-            model=batched_pattern(_k),
+            batch_file("benchmarks", _name, "decompose", _samples, BATCH_JOBS)
         priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            **analysis_resources("decompose"),
+            **batch_resources(_name, _samples, analysis_resources("decompose")),
         params:
-            analysis=analysis_params,
+            analysis=for_model(_name, _samples, analysis_params),
             device=config["device"],
             decompose=config["decompose"],
-            code=code_version(f"decompose_{_k}_samples", "decompose"),
+            code=code_version(f"decompose_batch_{_suffix}", "decompose"),
         script:
             "../../scripts/decompose.py"

@@ -1,7 +1,7 @@
 # Extraction (GPU-capable): scores and probabilities of every head, one zarr store per sample.
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
-# One job per sample, or one job for all samples of a small model (extract_<k>_samples;
-# jobs.batch_max_entries, common.smk), which loads the model once.
+# One job per sample, or one job for each batch of a small model's samples (extract_batch_<model>;
+# jobs.batch_max_entries and batch_max_samples, common.smk), which loads the model once.
 
 
 rule extract:
@@ -34,33 +34,32 @@ rule extract:
         "../../scripts/extract.py"
 
 
-for _k in BATCH_SIZES:
+for _suffix, _name, _samples in BATCH_JOBS:
 
     rule:
         name:
-            f"extract_{_k}_samples"
+            f"extract_batch_{_suffix}"
         input:
-            unpack(model_data),
-            unpack(prepared_model),
-            checkpoint=checkpoint_input,
-            files=user_inputs,
+            unpack(for_model(_name, _samples, model_data)),
+            unpack(for_model(_name, _samples, prepared_model)),
+            checkpoint=for_model(_name, _samples, checkpoint_input),
+            files=for_model(_name, _samples, user_inputs),
         output:
-            store=all_samples(ATTENTION, _k),
+            store=batch_paths(ATTENTION, _name, _samples),
         log:
-            f"{R}/logs/{{model}}/extract.log",
+            batch_file("logs", _name, "extract", _samples, BATCH_JOBS),
         benchmark:
-            f"{R}/benchmarks/{{model}}/extract.tsv"
-        wildcard_constraints:
-            model=batched_pattern(_k),
+            batch_file("benchmarks", _name, "extract", _samples, BATCH_JOBS)
         priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
-            **model_job_resources("extract"),
+            **batch_resources(_name, _samples, model_job_resources("extract")),
         params:
-            model=extraction_params,
+            model=for_model(_name, _samples, extraction_params),
+            samples=_samples,
             device=config["device"],
-            code=code_version(f"extract_{_k}_samples", "extract"),
+            code=code_version(f"extract_batch_{_suffix}", "extract"),
         script:
             "../../scripts/extract.py"

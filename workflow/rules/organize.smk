@@ -1,8 +1,8 @@
 # The 3-D questionnaire per sample: query, key and head trees and affinities (docs/method.md §5.2).
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
 # One job per sample, or, for a model small enough (jobs.batch_max_entries, common.smk), one
-# job for all of its samples (rules organize_<k>_samples, one per sample count k): the same
-# per-sample stores, written by one process.
+# job for each batch of its samples (rules organize_batch_<model>, jobs.batch_max_samples at a
+# time): the same per-sample stores, written by one process.
 
 
 rule organize:
@@ -35,33 +35,31 @@ rule organize:
         "../../scripts/organize.py"
 
 
-for _k in BATCH_SIZES:
+for _suffix, _name, _samples in BATCH_JOBS:
 
     rule:
         name:
-            f"organize_{_k}_samples"
+            f"organize_batch_{_suffix}"
         input:
-            attention=all_samples(ATTENTION, _k),
+            attention=batch_paths(ATTENTION, _name, _samples),
             kernels=KERNELS,
         output:
-            store=all_samples(ORGANIZED, _k),
+            store=batch_paths(ORGANIZED, _name, _samples),
         log:
-            f"{R}/logs/{{model}}/organize.log",
+            batch_file("logs", _name, "organize", _samples, BATCH_JOBS),
         benchmark:
-            f"{R}/benchmarks/{{model}}/organize.tsv"
-        wildcard_constraints:
-            model=batched_pattern(_k),
+            batch_file("benchmarks", _name, "organize", _samples, BATCH_JOBS)
         priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            **analysis_resources("organize"),
+            **batch_resources(_name, _samples, analysis_resources("organize")),
         params:
-            analysis=analysis_params,
+            analysis=for_model(_name, _samples, analysis_params),
             device=config["device"],
             organize=config["organize"],
-            code=code_version(f"organize_{_k}_samples", "organize"),
+            code=code_version(f"organize_batch_{_suffix}", "organize"),
         script:
             "../../scripts/organize.py"

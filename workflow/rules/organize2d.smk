@@ -2,8 +2,8 @@
 # the figure heads, whose organization the decompose stage made, then the entropy extremes),
 # after the entropy stage that ranks them (docs/method.md §12.3), for the samples the page shows
 # (its first explorer.max_samples). One job per sample, beside the rest of the run (an LLM's
-# prune), or one job for all shown samples of a small model (organize2d_<k>_samples;
-# jobs.batch_max_entries, common.smk); the explorer's page job only reads them.
+# prune), or one job for each batch of a small model's shown samples (organize2d_batch_<model>;
+# jobs.batch_max_entries and batch_max_samples, common.smk); the explorer's page job only reads them.
 
 
 rule organize2d:
@@ -35,34 +35,32 @@ rule organize2d:
         "../../scripts/organize2d.py"
 
 
-for _k in SHOWN_BATCH_SIZES:
+for _suffix, _name, _samples in SHOWN_BATCH_JOBS:
 
     rule:
         name:
-            f"organize2d_{_k}_samples"
+            f"organize2d_batch_{_suffix}"
         input:
-            attention=all_samples(ATTENTION, _k),
-            decomposed=all_samples(DECOMPOSED, _k),
-            entropy=ENTROPY,
+            attention=batch_paths(ATTENTION, _name, _samples),
+            decomposed=batch_paths(DECOMPOSED, _name, _samples),
+            entropy=ENTROPY.format(model=_name),
         output:
-            store=all_samples(ORGANIZED_2D, _k),
+            store=batch_paths(ORGANIZED_2D, _name, _samples),
         log:
-            f"{R}/logs/{{model}}/organize2d.log",
+            batch_file("logs", _name, "organize2d", _samples, SHOWN_BATCH_JOBS),
         benchmark:
-            f"{R}/benchmarks/{{model}}/organize2d.tsv"
-        wildcard_constraints:
-            model=shown_batched_pattern(_k),
+            batch_file("benchmarks", _name, "organize2d", _samples, SHOWN_BATCH_JOBS)
         priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            **analysis_resources("organize2d"),
+            **batch_resources(_name, _samples, analysis_resources("organize2d")),
         params:
-            analysis=analysis_params,
+            analysis=for_model(_name, _samples, analysis_params),
             device=config["device"],
             organize2d=ORGANIZE2D,
-            code=code_version(f"organize2d_{_k}_samples", "organize2d"),
+            code=code_version(f"organize2d_batch_{_suffix}", "organize2d"),
         script:
             "../../scripts/organize2d.py"
