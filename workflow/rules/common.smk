@@ -46,12 +46,16 @@ FIGURES = [f"fig{i}" for i in range(1, 7)]
 
 # Job priorities (Snakemake starts the ready job of highest priority first; its scheduler knows
 # nothing of run times). Training first (the longest chain), then every step of a sample's
-# analysis chain (data, GGUF preparation, extract, organize, decompose, entropy), then prune
-# (the longest leaf: an LLM's masked forward passes), then the leaves that read everything
-# (tables, figures, pages, summary). Measured on the default run, 2 cores: with only training
-# first, SmolLM2's extraction waited for the small models' figures and its prune ran alone for
-# the last two minutes of the run.
-PRIORITY = {"train": 10, "chain": 5, "prune": 1}
+# analysis chain (data, GGUF preparation, extract, organize, decompose, entropy), then the long
+# leaves, prune (an LLM's masked forward passes) and stability (a questionnaire per replicate),
+# then the leaves that read everything (tables, figures, pages, summary) and the pages' own jobs
+# after the entropy stage (organize2d, explorer_plan, explorer_samples). Measured on the default
+# run, 2 cores: with only training first, SmolLM2's extraction waited for the small models'
+# figures and its prune ran alone for the last two minutes of the run. On the LLM preset, with
+# organize2d and the explorer's jobs in the chain and stability among the leaves, prune waited
+# 9 minutes after the entropy stage for their 20 jobs, and stability (27 minutes: 2 samples x 7
+# replicates at 1024 tokens) started 14 minutes after it and ended the run alone.
+PRIORITY = {"train": 10, "chain": 5, "long_leaf": 1}
 
 
 def name_pattern(names):

@@ -22,7 +22,6 @@ rule explorer_plan:
         f"{R}/benchmarks/{{model}}/explorer_plan.tsv"
     wildcard_constraints:
         model=EXPLORER_PER_SAMPLE,
-    priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1
@@ -49,7 +48,6 @@ rule explorer_samples:
     wildcard_constraints:
         model=EXPLORER_PER_SAMPLE,
         part=r"\d+",
-    priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1

@@ -19,7 +19,6 @@ rule organize2d:
         f"{R}/benchmarks/{{model}}/organize2d_sample{{sample}}.tsv"
     wildcard_constraints:
         model=PER_SAMPLE_MODEL,
-    priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1
@@ -50,7 +49,6 @@ for _suffix, _name, _samples in SHOWN_BATCH_JOBS:
             batch_file("logs", _name, "organize2d", _samples, SHOWN_BATCH_JOBS),
         benchmark:
             batch_file("benchmarks", _name, "organize2d", _samples, SHOWN_BATCH_JOBS)
-        priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1

@@ -32,7 +32,7 @@ rule prune:
     benchmark:
         f"{R}/benchmarks/{{model}}/prune.tsv"
     # the longest job after training (an LLM's masked forward passes): before figures and pages
-    priority: PRIORITY["prune"]
+    priority: PRIORITY["long_leaf"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1

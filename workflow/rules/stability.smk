@@ -27,6 +27,7 @@ rule stability:
         f"{R}/benchmarks/{{model}}/stability.tsv"
     wildcard_constraints:
         model=name_pattern(STABLE),
+    priority: PRIORITY["long_leaf"]
     conda:
         "../../envs/oattn.yaml"
     threads: 1
