@@ -150,13 +150,14 @@ def batch_paths(pattern, name, indices):
     return [pattern.format(model=name, sample=i) for i in indices]
 
 
-def batch_file(kind, name, stage, indices, jobs):
-    """A batch job's log or benchmark: <kind>/<model>/<stage>.<ext> for a model batched in one job
-    of `jobs`, <stage>_samples<first>-<last>.<ext> where it has several."""
-    ext = "log" if kind == "logs" else "tsv"
+def batch_file(folder, name, stage, indices, jobs):
+    """A batch job's log or benchmark: <folder>/<model>/<stage>.<ext> (folder `logs`: .log, else
+    .tsv) for a model batched in one job of `jobs`, <stage>_samples<first>-<last>.<ext> where it
+    has several."""
+    ext = "log" if folder == "logs" else "tsv"
     whole = sum(1 for _, n, _ in jobs if n == name) == 1
     tail = "" if whole else f"_samples{indices[0]}-{indices[-1]}"
-    return f"{R}/{kind}/{name}/{stage}{tail}.{ext}"
+    return f"{R}/{folder}/{name}/{stage}{tail}.{ext}"
 
 
 def batch_resources(name, indices, resources):
