@@ -120,9 +120,9 @@ class BatchWildcards:
 def for_model(name, indices, fn):
     """`fn` (an input, params or resources function of the job's wildcards) for a batch rule of
     model `name`'s samples `indices`, whose outputs have no wildcards: it is given wildcards
-    `model` and `batch` (the samples, "<first>-<last>"; `job_samples` reads it). Its signature,
+    `model` and `batch` (the samples' indices; `job_samples` reads it). Its signature,
     which Snakemake reads to pass `input`, `attempt` and the like, is `fn`'s."""
-    bound = BatchWildcards(model=name, batch=f"{indices[0]}-{indices[-1]}")
+    bound = BatchWildcards(model=name, batch=list(indices))
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -140,8 +140,7 @@ def job_samples(wildcards):
     if "sample" in wildcards.keys():
         return [int(wildcards.sample)]
     if "batch" in wildcards.keys():
-        first, last = map(int, wildcards.batch.split("-"))
-        return list(range(first, last + 1))
+        return list(wildcards.batch)
     return list(samples(wildcards.model))
 
 
