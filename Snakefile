@@ -9,7 +9,7 @@ from snakemake.utils import min_version
 # times slower on a busy machine). Read when torch is imported, so set before any job starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from oattn_lib.config import validate_config
+from oattn_lib.config import ConfigError, disk_problem, validate_config
 from oattn_lib.snakemake_fixes import reserve_lone_jobs
 
 min_version("9.0")
@@ -21,7 +21,17 @@ reserve_lone_jobs()
 configfile: "config.yaml"
 
 
-validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
+validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"), check_disk=False)
+# Stores that would not fit the free disk: a warning while planning (a dry run writes nothing),
+# an error at the start of a real run, before any job (onstart runs for real runs only).
+DISK_PROBLEM = disk_problem(config) if config["check_disk"] else None
+if DISK_PROBLEM:
+    logger.warning(f"Warning: {DISK_PROBLEM}. A run stops on this before its first job; a dry run only plans.")
+
+
+onstart:
+    if DISK_PROBLEM:
+        raise ConfigError(DISK_PROBLEM)
 
 
 include: "workflow/rules/common.smk"

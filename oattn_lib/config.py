@@ -188,9 +188,12 @@ def defaults_validator(schema: dict):
     return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
 
 
-def validate_config(config: dict, schema_path: str) -> None:
+def validate_config(config: dict, schema_path: str, *, check_disk: bool = True) -> None:
     """Coerce values to the schema's types, validate (filling in defaults), run
-    `check_config`, and put the config in canonical key order, all in place.
+    `check_config`, and put the config in canonical key order, all in place. With
+    `check_disk` (and the config's own `check_disk`), stores that do not fit the free disk
+    (`disk_problem`) are an error too; the Snakefile passes False and checks at the start of
+    a real run instead, so that a dry run, which writes nothing, still plans.
 
     Any problem is one ConfigError line naming the key and what is allowed, instead of a
     page of jsonschema output.
@@ -221,7 +224,7 @@ def validate_config(config: dict, schema_path: str) -> None:
     if problem:
         raise ConfigError(problem)
     check_config(config)
-    if config["check_disk"]:
+    if check_disk and config["check_disk"]:
         problem = disk_problem(config)
         if problem:
             raise ConfigError(problem)

@@ -187,6 +187,48 @@ def test_stores_that_do_not_fit_the_free_disk_stop_the_run_naming_the_keys(confi
     validate_config(yaml.safe_load(yaml.safe_dump(fresh)), SCHEMA)
 
 
+
+# Snakemake itself, with the free space of every folder faked to 1 kB: the real Snakefile, the real
+# scheduler; only shutil.disk_usage is replaced, in the process that parses and starts the workflow.
+FAKE_FULL_DISK = """
+import collections, shutil, sys
+shutil.disk_usage = lambda path: collections.namedtuple("U", "total used free")(10**9, 10**9 - 1000, 1000)
+from snakemake.cli import main
+sys.argv[0] = "snakemake"
+main()
+"""
+
+
+@pytest.mark.workflow
+def test_a_dry_run_plans_past_a_full_disk_and_a_real_run_stops_before_any_job(tmp_path):
+    """A dry run writes nothing: it warns with the disk line and plans every job (the README's
+    preset commands are planned on machines that could not hold their stores). A real run stops
+    with that line before its first job, and leaves no output."""
+    import subprocess
+    import sys
+
+    from wfutil import TINY, planned_jobs
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
+    argv = [sys.executable, "-c", FAKE_FULL_DISK, "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+            "--configfile", str(tmp_path / "config.yaml"), "--cores", "2"]
+    dry = subprocess.run(argv + ["-n"], capture_output=True, text=True, timeout=600)
+    text = dry.stdout + dry.stderr
+    assert dry.returncode == 0, text[-3000:]
+    assert "GB are free under" in text and "check_disk: false" in text
+    assert planned_jobs(dry).get("extract", 0) + sum(n for r, n in planned_jobs(dry).items()
+                                                       if r.startswith("extract_batch")) > 0
+    real = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    text = real.stdout + real.stderr
+    assert real.returncode != 0
+    assert "GB are free under" in text and "Error in rule" not in text
+    assert not [p for p in tmp_path.glob("results/**/*") if p.is_file()]
+    # the override: the same run with check_disk: false starts (its dry run, without the warning)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**TINY, "check_disk": False}))
+    quiet = subprocess.run(argv + ["-n"], capture_output=True, text=True, timeout=600)
+    assert quiet.returncode == 0 and "GB are free under" not in quiet.stdout + quiet.stderr
+
+
 # -- the corpus' texts against n_samples ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus_meta(tmp_path_factory):
