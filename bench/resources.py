@@ -5,7 +5,7 @@ For every benchmark file of a modelled rule (`<results>/benchmarks/<model>/<rule
 Snakemake's `benchmark:` directive: peak RSS `max_rss` in MB, wall seconds `s`), the job's tensor
 size is read from the headers of the model's stores (`largest_array_mb`: sample k's stores for a
 per-sample job, every sample's for a job of all samples) and its work counted in samples (for
-stability: samples x replicates; for theorem1, `resources.HEAD_JOBS`: the head-samples of its
+a stability_sample job, benchmark stability_sample<k>.tsv: its sample's replicates; for theorem1, `resources.HEAD_JOBS`: the head-samples of its
 table, its stores those of the samples it measured). Prints one row per job with the modelled memory and time, and
 with --csv appends the measured rows to a CSV (bench/resources.csv is the record the model is
 fitted to and tested against: tests/test_resources.py).
@@ -61,11 +61,11 @@ def _work(rule: str, base: Path, samples: list[int]) -> int:
         import pandas as pd
 
         return len(pd.read_csv(base / "figures" / "theorem1.csv").groupby(["sample", "layer", "head"]))
-    if rule == "stability":
+    if rule == "stability":  # a stability_sample job: its sample's replicates
         import xarray as xr
 
         st = xr.open_zarr(base / "stability.zarr", consolidated=False)
-        return int(st.sizes["sample"] * (st.sizes["replicate"] - 1))
+        return int(len(samples) * (st.sizes["replicate"] - 1))
     return len(samples)
 
 
@@ -76,6 +76,12 @@ def measured(results: Path, source: str) -> list[dict]:
         # a model of one job per sample: its page's plan (sample 0) and sample jobs (one sample
         # each, jobs.explorer_jobs at least the samples) ask what the explorer's model says
         rule = "explorer" if m and m["rule"] in ("explorer_plan", "explorer_samples") else m and m["rule"]
+        # stability_sample<k>.tsv reads as rule stability, sample k (a sample's replicates, the
+        # stability model); stability.tsv is the model's table, which asks what the entropy model
+        # says (it reads per-sample summaries)
+        table = rule == "stability" and m["sample"] is None
+        if table:
+            rule = "entropy"
         if rule not in MODELS and rule not in HEAD_JOBS:
             continue
         model, base = path.parent.name, results / path.parent.name
@@ -85,6 +91,8 @@ def measured(results: Path, source: str) -> list[dict]:
         stores = [base / d / f"sample{k}.zarr" for k in samples for d in ("attention", "organized", "decomposed")]
         if m["rule"] == "explorer" and (base / "explorer" / "plan.json").is_file():
             stores = []  # its page job assembles the encoded samples: it reads no store
+        if table:
+            stores = sorted((base / "stability").glob("sample*.zarr")) + [base / "entropy.zarr"]
         with path.open() as fh:
             rec = list(csv.DictReader(fh, delimiter="\t"))[-1]
         rows.append({"source": source, "model": model, "rule": rule,

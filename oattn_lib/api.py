@@ -603,7 +603,8 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
 
     from .stability import PERTURBATIONS
     from .stages.decompose import decompose_samples
-    from .stages.stability import concat_samples, sample_replicates
+    from .stages.stability import sample_replicates
+    from .stages.stability_tables import concat_samples
     from .store import write_store
 
     defaults = _defaults("$defs/stability")

@@ -23,17 +23,19 @@ pytestmark = pytest.mark.workflow
 
 # txl and vit (tiny) analyse both samples in one job per stage (organize_batch_txl, ...), lm one
 # job per sample (jobs.batch_max_entries in the test config), and its page is planned and its
-# samples encoded by jobs of their own (explorer_plan, explorer_samples)
+# samples encoded by jobs of their own (explorer_plan, explorer_samples); txl's one replicated
+# sample is its batch's stability_sample job, lm's two get one each
 ANALYSIS_AFTER_ORGANIZE = {"organize_batch_txl": 1, "organize_batch_vit": 1, "organize": 2,
                            "decompose_batch_txl": 1, "decompose_batch_vit": 1, "decompose": 2, "entropy": 3,
-                           "organize2d_batch_txl": 1, "organize2d_batch_vit": 1, "organize2d": 2, "stability": 2, "tables": 3,
-                           "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2,
+                           "organize2d_batch_txl": 1, "organize2d_batch_vit": 1, "organize2d": 2, "stability_sample_batch_txl": 1,
+                           "stability_sample": 2, "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2,
                            "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1}
 # theorem1 reads no organization (each head gets its own 2-D one), but runs the 2-D questionnaire
 AFTER_QUESTIONNAIRE_EDIT = {**ANALYSIS_AFTER_ORGANIZE, "theorem1": 3}
 # txl's own jobs from organize on (organize2d reads its decomposed figure heads), one each
 MASKED_RULE_RERUNS = {"organize_batch_txl": 1, "decompose_batch_txl": 1, "entropy": 1, "organize2d_batch_txl": 1,
-                      "stability": 1, "tables": 1, "figures": 1, "prune": 1, "explorer": 1, "explorer_index": 1,
+                      "stability_sample_batch_txl": 1, "stability": 1, "tables": 1, "figures": 1, "prune": 1, "explorer": 1,
+                      "explorer_index": 1,
                       "summary": 1, "all": 1}
 
 
@@ -254,13 +256,15 @@ def test_stores_record_their_code_and_hold_nothing_foreign(clean_run):
     from oattn_lib.fingerprint import code_fingerprint
     res = clean_run / "results"
     stores = sorted(res.glob("*/*/sample*.zarr")) + sorted(res.glob("*/entropy.zarr"))
-    assert len(stores) == 3 * (4 * 2 + 1)
+    # every model's 4 per-sample stores of 2 samples and its entropy store, and the replicated
+    # samples' stability stores (txl 1, lm 2)
+    assert len(stores) == 3 * (4 * 2 + 1) + 3
     for path in stores:
         assert not (path / ".snakemake_timestamp").exists(), path
         # a user opens a store the README's way without any warning (pytest turns zarr's into errors)
         ds = xr.open_zarr(path, consolidated=False)
         stage = {"attention": "extract", "organized": "organize", "decomposed": "decompose",
-                 "organized2d": "organize2d"}.get(
+                 "organized2d": "organize2d", "stability": "stability_sample"}.get(
             path.parent.name, "entropy")
         expect = code_fingerprint(REPO / "scripts" / f"{stage}.py", REPO)
         assert ds.attrs["code"] == f"{stage}:{expect}", path

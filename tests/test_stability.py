@@ -114,6 +114,35 @@ def test_the_reference_replicate_is_the_entropy_stages_analysis(planted_run):
                                    rtol=1e-12)
 
 
+def test_the_workflows_per_sample_jobs_and_table_job_make_the_one_calls_store(planted_run, tmp_path):
+    """The workflow replicates each sample in a job of its own (stability_sample, a store each)
+    and joins them (stability): the same store and table as the one call, to the bit (the same
+    code on the same inputs), whatever order the samples' jobs finished in. A replicate store
+    given for the wrong sample is an error naming it."""
+    from oattn_lib.stages.stability import stability_sample
+    from oattn_lib.stages.stability_tables import stability_tables
+
+    d = planted_run
+    per = [tmp_path / f"rep{s}.zarr" for s in (0, 1)]
+    for s in (1, 0):
+        stability_sample(d / f"att{s}.zarr", d / f"org{s}.zarr", d / f"dec{s}.zarr", per[s], sample=s,
+                         quantity="scores", organize=ORGANIZE, head_top_k=40, network_top_k=20, settings=SETTINGS,
+                         questionnaire2d_iters=2)
+    out = tmp_path / "stability.zarr"
+    stability_tables(per, d / "entropy.zarr", out, tmp_path / "s.csv", tmp_path / "s.md", samples=[0, 1],
+                     settings=SETTINGS, fraction=0.25, model_name="planted")
+    joined, one = store.read_store(out), store.read_store(d / "stability.zarr")
+    assert set(joined.variables) == set(one.variables) and joined.sizes == one.sizes
+    for name in one.variables:
+        assert joined[name].dims == one[name].dims, name
+        assert np.array_equal(joined[name].values, one[name].values, equal_nan=joined[name].dtype.kind == "f"), name
+    assert (tmp_path / "s.csv").read_text() == (d / "stability.csv").read_text()
+    with pytest.raises(ValueError, match=r"rep1\.zarr: replicates of sample 1, expected sample 0"):
+        stability_tables(per[::-1], d / "entropy.zarr", tmp_path / "x.zarr", tmp_path / "x.csv", tmp_path / "x.md",
+                         samples=[0, 1], settings=SETTINGS, fraction=0.25)
+    assert not (tmp_path / "x.zarr").exists()
+
+
 def test_the_reference_figure_heads_are_measured_as_decompose_and_theorem1_measure_them(planted_run, tmp_path):
     from oattn_lib.stages.theorem1 import theorem1
 

@@ -48,11 +48,13 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
 def by_stage(jobs: dict[str, int]) -> dict[str, int]:
     """Planned jobs per stage: a batch job of a model's samples (rule `<stage>_batch_<model>`,
     config jobs.batch_max_entries) counts for its stage, as each per-sample job does; the
-    explorer's plan and sample jobs (explorer_plan, explorer_samples) count for the explorer."""
+    explorer's plan and sample jobs (explorer_plan, explorer_samples) count for the explorer, and
+    a sample's replicates (stability_sample) for stability."""
     out: dict[str, int] = {}
     for rule, n in jobs.items():
         stage = rule_stage(rule)
-        stage = "explorer" if stage in ("explorer_plan", "explorer_samples") else stage
+        stage = {"explorer_plan": "explorer", "explorer_samples": "explorer",
+                 "stability_sample": "stability"}.get(stage, stage)
         out[stage] = out.get(stage, 0) + n
     return out
 

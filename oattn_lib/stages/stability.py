@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import pandas as pd
 import torch
 import xarray as xr
 
@@ -17,15 +16,15 @@ from ..diffusion import diffusion_map
 from ..questionnaire import questionnaire3d, questionnaire2d
 from ..runtime import resolve_device
 from ..smoothness import theorem1_measures
-from ..stability import (FIG_MEASURES, PERTURBATIONS, REFERENCE, bootstrap_samples, head_tree_agreement, perturb, rename_tree, replicate_plan,
-                         recurrence_interval, replicate_rng, same_folders, stability_summary,
-                         unit_permutation_back)
+from ..stability import (FIG_MEASURES, PERTURBATIONS, REFERENCE, head_tree_agreement, perturb, rename_tree, replicate_plan,
+                         replicate_rng, same_folders, unit_permutation_back)
 from .common import head_array, load_organization, model_mask, on_device, read_network
 from .entropy import clamped_top_k
+from .stability_tables import check_samples, tables_from_replicates
 
 log = logging.getLogger("oattn")
 
-__all__ = ["stability", "sample_replicates", "concat_samples"]
+__all__ = ["stability", "stability_sample", "sample_replicates"]
 
 
 def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
@@ -171,10 +170,14 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
     return ds
 
 
-def concat_samples(per: list, samples) -> xr.Dataset:
-    """`sample_replicates` of several samples as one Dataset over (sample, replicate, ...)."""
-    ds = xr.concat(per, dim="sample", data_vars="all", coords="minimal", compat="override")
-    return ds.assign_coords(sample=np.asarray(samples, dtype=np.int64))
+def stability_sample(attention_store, organized_store, decomposed_store, out, *, sample: int,
+                     config_slice: dict | None = None, code: str | None = None, **kwargs) -> None:
+    """Stage `stability_sample`: every replicate of one sample (`sample_replicates`, whose keyword
+    arguments `kwargs` are), written to the store `out` with its sample index. The samples' jobs
+    are independent: they run beside each other and beside the other samples' analyses."""
+    ds = sample_replicates(attention_store, organized_store, decomposed_store, sample=sample, **kwargs)
+    ds.attrs = {"sample": int(sample), **store.provenance_attrs(config_slice or {}, code=code)}
+    store.write_store(ds, out)
 
 
 def stability(attention_stores: list, organized_stores: list, decomposed_stores: list, entropy_store, out,
@@ -182,19 +185,14 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
               network_top_k: int, settings: dict, fraction: float = 0.1, questionnaire2d_iters: int = 10,
               model_name: str = "", config_slice: dict | None = None, code: str | None = None,
               device="cpu", masked: str = "row_mean") -> None:
-    """Replicates of the model's samples `samples` (their indices; attention_stores[i],
-    organized_stores[i] and decomposed_stores[i] are sample samples[i]'s), the bootstrap over all
-    its samples (from the entropy store), written to the store `out`, and the summary table
-    (`stability.stability_summary`) to `out_csv` / `out_md` (docs/method.md §14)."""
+    """`stability_sample` of each of the samples `samples` (attention_stores[i], organized_stores[i]
+    and decomposed_stores[i] are sample samples[i]'s) and `stability_tables.stability_tables` in one call, the
+    replicates kept in memory: the workflow's two stages as a library user runs them."""
     n = len(samples)
     if not len(attention_stores) == len(organized_stores) == len(decomposed_stores) == n:
         raise ValueError(f"stability: {len(attention_stores)} attention, {len(organized_stores)} organized and "
                          f"{len(decomposed_stores)} decomposed stores for {n} samples; expected one of each per sample")
-    ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
-    n_model = ent.sizes["sample"]
-    bad = [s for s in samples if not 0 <= s < n_model]
-    if bad:
-        raise ValueError(f"stability.samples: samples {bad} of a model with {n_model} samples ({entropy_store})")
+    check_samples(entropy_store, samples)
     per = []
     for i, s in enumerate(samples):
         log.info("sample %d (%d of %d)", s, i + 1, n)
@@ -202,32 +200,5 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
                                      quantity=quantity, crop=crop, organize=organize, head_top_k=head_top_k,
                                      network_top_k=network_top_k, settings=settings,
                                      questionnaire2d_iters=questionnaire2d_iters, device=device, masked=masked))
-    ds = concat_samples(per, samples)
-    e_all = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(ent.sizes["sample"], -1)
-    # the entropy store's (layer, head) grid flattened is the units' layer-major order
-    boot = bootstrap_samples(e_all, fraction, settings["bootstrap"], settings["seed"])
-    ds["bootstrap_recurrence"] = ("draw", boot["recurrence"])
-    ds["bootstrap_bottom_count"] = (("draw", "unit"), boot["bottom_count"])
-    ds["bootstrap_top_count"] = (("draw", "unit"), boot["top_count"])
-    ds.attrs = {"model": model_name, **store.provenance_attrs(config_slice or {}, code=code, fraction=fraction,
-                                                              n_model_samples=n_model)}
-    store.write_store(ds, out)
-    table = stability_summary(ds, fraction).assign(model=model_name)
-    store.atomic_write_text(out_csv, table.to_csv(index=False))
-    store.atomic_write_text(out_md, _summary_markdown(table, ds, settings))
-    log.info("stability: %d samples x %d replicates; trees identical to the reference: %s", len(samples),
-             ds.sizes["replicate"] - 1, ", ".join(f"{r.perturbation} {r.measure[-1]} {r.agreement:.0%}" for r in
-                                                  table[table["measure"].str.startswith("same_tree")].itertuples()))
-
-
-def _summary_markdown(table: pd.DataFrame, ds: xr.Dataset, settings: dict) -> str:
-    show = table.drop(columns=["model"])
-    lo, hi = recurrence_interval(ds)
-    return (show.to_markdown(index=False, floatfmt=".3g")
-            + f"\n\nReplicates per sample of samples {ds['sample'].values.tolist()}: "
-            f"{', '.join(f'{p} {int((ds.perturbation.values == p).sum())}' for p in dict.fromkeys(ds.perturbation.values) if p != REFERENCE)}"
-            f" (ulp: {settings['ulp_fraction']:g} of the nonzero entries moved by one float32 step). spread: "
-            "|replicate - reference| / |reference| over samples, replicates (and heads); agreement: mean Jaccard "
-            "index of the replicate's bottom / top set with the reference's, or the fraction of replicates whose "
-            "tree has the reference's folders. Bootstrap over samples "
-            f"({settings['bootstrap']} draws): bottom-set recurrence 95% interval {lo:.3g}–{hi:.3g}.\n")
+    tables_from_replicates(per, entropy_store, out, out_csv, out_md, samples=samples, settings=settings,
+                           fraction=fraction, model_name=model_name, config_slice=config_slice, code=code)

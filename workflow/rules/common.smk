@@ -41,6 +41,14 @@ SF_MODELS = softmax_free.run_models(config)
 ANALYSED = {**MODELS, **SF_MODELS}
 # the config's models with a `stability` section: name -> the samples that get replicates (stability.smk)
 STABLE = {name: stability_samples(m) for name, m in MODELS.items() if stability_samples(m)}
+
+
+def stability_replicate_settings(model):
+    """What a model's stability_sample jobs read of its `stability` section: not which samples
+    are replicated nor the bootstrap (the stability job's), so changing those reruns no replicate."""
+    return {k: v for k, v in MODELS[model]["stability"].items() if k not in ("samples", "bootstrap")}
+
+
 FIGURES = [f"fig{i}" for i in range(1, 7)]
 
 
@@ -91,6 +99,7 @@ DECOMPOSED = store(f"{R}/{{model}}/decomposed/sample{{sample}}.zarr")
 ENTROPY = store(f"{R}/{{model}}/entropy.zarr")
 ORGANIZED_2D = store(f"{R}/{{model}}/organized2d/sample{{sample}}.zarr")
 STABILITY = store(f"{R}/{{model}}/stability.zarr")
+STABILITY_SAMPLE = store(f"{R}/{{model}}/stability/sample{{sample}}.zarr")
 
 
 # -- jobs: one per sample, or one for all samples of a small model ------------------------
@@ -203,6 +212,8 @@ def explorer_samples_of(model):
 
 
 # the batched models' organize2d jobs: the samples their pages show, in batches as above
+# a batched model's replicated samples (stability.smk), in batches as its other stages' samples
+STABILITY_BATCH_JOBS = batch_jobs({n: STABLE[n] for n in STABLE if n in BATCHED}, config["jobs"]["batch_max_samples"])
 SHOWN_BATCH_JOBS = batch_jobs(
     {n: explorer_samples_of(n) for n in ANALYSED if n in BATCHED and n in MODELS}, config["jobs"]["batch_max_samples"]
 )
@@ -364,18 +375,19 @@ ANALYSIS_GPU = {"gpu": config["resources"]["analysis_gpu"]} if config["resources
 def analysis_work(stage, wildcards):
     """Samples a job of `stage` analyses one after another: every sample of the model for a job of
     all of them (entropy, explorer), one for a per-sample job, its batch's for a batch job, its
-    part's for an explorer_samples job; stability: its samples times its replicates."""
+    part's for an explorer_samples job; stability (a stability_sample job): its samples times
+    their replicates."""
+    if stage == "stability":
+        from oattn_lib.stability import replicate_plan
+
+        st = MODELS[wildcards.model]["stability"]
+        return len(job_samples(wildcards)) * (len(replicate_plan(st["perturbations"], st["replicates"])) - 1)
     if "sample" in wildcards.keys() or "batch" in wildcards.keys():
         return len(job_samples(wildcards))
     if "part" in wildcards.keys():
         return len(explorer_part_samples(wildcards.model)[int(wildcards.part)])
     if stage in ("explorer", "organize2d"):
         return len(explorer_samples_of(wildcards.model))
-    if stage == "stability":
-        from oattn_lib.stability import replicate_plan
-
-        st = MODELS[wildcards.model]["stability"]
-        return len(STABLE[wildcards.model]) * (len(replicate_plan(st["perturbations"], st["replicates"])) - 1)
     return len(samples(wildcards.model))
 
 
