@@ -5,8 +5,9 @@ For every benchmark file of a modelled rule (`<results>/benchmarks/<model>/<rule
 Snakemake's `benchmark:` directive: peak RSS `max_rss` in MB, wall seconds `s`), the job's tensor
 size is read from the headers of the model's stores (`largest_array_mb`: sample k's stores for a
 per-sample job, every sample's for a job of all samples) and its work counted in samples (for
-a stability_sample job, benchmark stability_sample<k>.tsv: its sample's replicates; for theorem1, `resources.HEAD_JOBS`: the head-samples of its
-table, its stores those of the samples it measured). Prints one row per job with the modelled memory and time, and
+a stability_sample job, benchmark stability_sample<k>.tsv: its sample's replicates; for
+theorem1, `resources.HEAD_JOBS`: the head-samples of its table, its stores those of the
+samples it measured). Prints one row per job with the modelled memory and time, and
 with --csv appends the measured rows to a CSV (bench/resources.csv is the record the model is
 fitted to and tested against: tests/test_resources.py).
 

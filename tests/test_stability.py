@@ -119,15 +119,16 @@ def test_the_workflows_per_sample_jobs_and_table_job_make_the_one_calls_store(pl
     and joins them (stability): the same store and table as the one call, to the bit (the same
     code on the same inputs), whatever order the samples' jobs finished in. A replicate store
     given for the wrong sample is an error naming it."""
-    from oattn_lib.stages.stability import stability_sample
+    from oattn_lib.stages.stability import stability_sample_stores
     from oattn_lib.stages.stability_tables import stability_tables
 
     d = planted_run
     per = [tmp_path / f"rep{s}.zarr" for s in (0, 1)]
-    for s in (1, 0):
-        stability_sample(d / f"att{s}.zarr", d / f"org{s}.zarr", d / f"dec{s}.zarr", per[s], sample=s,
-                         quantity="scores", organize=ORGANIZE, head_top_k=40, network_top_k=20, settings=SETTINGS,
-                         questionnaire2d_iters=2)
+    order = [1, 0]
+    stability_sample_stores([d / f"att{s}.zarr" for s in order], [d / f"org{s}.zarr" for s in order],
+                            [d / f"dec{s}.zarr" for s in order], [per[s] for s in order], samples=order,
+                            quantity="scores", organize=ORGANIZE, head_top_k=40, network_top_k=20, settings=SETTINGS,
+                            questionnaire2d_iters=2)
     out = tmp_path / "stability.zarr"
     stability_tables(per, d / "entropy.zarr", out, tmp_path / "s.csv", tmp_path / "s.md", samples=[0, 1],
                      settings=SETTINGS, fraction=0.25, model_name="planted")

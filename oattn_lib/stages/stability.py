@@ -18,13 +18,13 @@ from ..runtime import resolve_device
 from ..smoothness import theorem1_measures
 from ..stability import (FIG_MEASURES, PERTURBATIONS, REFERENCE, head_tree_agreement, perturb, rename_tree, replicate_plan,
                          replicate_rng, same_folders, unit_permutation_back)
-from .common import head_array, load_organization, model_mask, on_device, read_network
+from .common import each_sample, head_array, load_organization, model_mask, on_device, read_network
 from .entropy import clamped_top_k
 from .stability_tables import check_samples, tables_from_replicates
 
 log = logging.getLogger("oattn")
 
-__all__ = ["stability", "stability_sample", "sample_replicates"]
+__all__ = ["stability", "stability_sample", "stability_sample_stores", "sample_replicates"]
 
 
 def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
@@ -180,19 +180,28 @@ def stability_sample(attention_store, organized_store, decomposed_store, out, *,
     store.write_store(ds, out)
 
 
+def stability_sample_stores(attention_stores: list, organized_stores: list, decomposed_stores: list, outs: list,
+                            *, samples: list, **kwargs) -> None:
+    """`stability_sample` on each sample in turn: samples[i]'s stores to outs[i] (one job for a
+    batch of a small model's samples). Keyword arguments are `stability_sample`'s."""
+    each_sample("stability_sample", {"attention stores": attention_stores, "organized stores": organized_stores,
+                                     "decomposed stores": decomposed_stores, "sample indices": samples}, outs,
+                lambda att, org, dec, s, out: stability_sample(att, org, dec, out, sample=int(s), **kwargs))
+
+
 def stability(attention_stores: list, organized_stores: list, decomposed_stores: list, entropy_store, out,
               out_csv, out_md, *, samples: list, quantity: str, crop=None, organize: dict, head_top_k: int,
               network_top_k: int, settings: dict, fraction: float = 0.1, questionnaire2d_iters: int = 10,
               model_name: str = "", config_slice: dict | None = None, code: str | None = None,
               device="cpu", masked: str = "row_mean") -> None:
     """`stability_sample` of each of the samples `samples` (attention_stores[i], organized_stores[i]
-    and decomposed_stores[i] are sample samples[i]'s) and `stability_tables.stability_tables` in one call, the
-    replicates kept in memory: the workflow's two stages as a library user runs them."""
+    and decomposed_stores[i] are sample samples[i]'s) and `stability_tables.stability_tables` in one
+    call, the replicates kept in memory: the workflow's two stages as a library user runs them."""
     n = len(samples)
     if not len(attention_stores) == len(organized_stores) == len(decomposed_stores) == n:
         raise ValueError(f"stability: {len(attention_stores)} attention, {len(organized_stores)} organized and "
                          f"{len(decomposed_stores)} decomposed stores for {n} samples; expected one of each per sample")
-    check_samples(entropy_store, samples)
+    ent = check_samples(entropy_store, samples)
     per = []
     for i, s in enumerate(samples):
         log.info("sample %d (%d of %d)", s, i + 1, n)
@@ -200,5 +209,5 @@ def stability(attention_stores: list, organized_stores: list, decomposed_stores:
                                      quantity=quantity, crop=crop, organize=organize, head_top_k=head_top_k,
                                      network_top_k=network_top_k, settings=settings,
                                      questionnaire2d_iters=questionnaire2d_iters, device=device, masked=masked))
-    tables_from_replicates(per, entropy_store, out, out_csv, out_md, samples=samples, settings=settings,
-                           fraction=fraction, model_name=model_name, config_slice=config_slice, code=code)
+    tables_from_replicates(per, ent, out, out_csv, out_md, samples=samples, settings=settings, fraction=fraction,
+                           model_name=model_name, config_slice=config_slice, code=code)

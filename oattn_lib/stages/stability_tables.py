@@ -48,7 +48,8 @@ def stability_tables(replicate_stores: list, entropy_store, out, out_csv, out_md
     if len(replicate_stores) != len(samples):
         raise ValueError(f"stability: {len(replicate_stores)} replicate stores for {len(samples)} samples; "
                          "expected one per sample")
-    tables_from_replicates(read_replicates(replicate_stores, samples), entropy_store, out, out_csv, out_md, samples=samples,
+    ent = check_samples(entropy_store, samples)  # before reading the replicates
+    tables_from_replicates(read_replicates(replicate_stores, samples), ent, out, out_csv, out_md, samples=samples,
             settings=settings, fraction=fraction, model_name=model_name, config_slice=config_slice, code=code)
 
 
@@ -62,11 +63,10 @@ def check_samples(entropy_store, samples) -> xr.Dataset:
     return ent
 
 
-def tables_from_replicates(per: list, entropy_store, out, out_csv, out_md, *, samples, settings, fraction,
+def tables_from_replicates(per: list, ent: xr.Dataset, out, out_csv, out_md, *, samples, settings, fraction,
                            model_name, config_slice, code) -> None:
     """The samples' replicates `per` as one store with the bootstrap over every sample of the
-    model, and the summary table."""
-    ent = check_samples(entropy_store, samples)
+    model (`ent`: its entropy store, as `check_samples` returns it), and the summary table."""
     n_model = ent.sizes["sample"]
     ds = concat_samples(per, samples)
     e_all = ent["head_entropy"].transpose("sample", "layer", "head").values.reshape(ent.sizes["sample"], -1)

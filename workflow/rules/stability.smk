@@ -6,6 +6,9 @@
 # (stability_sample: its questionnaires, beside the other samples' analyses; a small model's in
 # batches), then the model's table (stability: the bootstrap and the summary, seconds).
 
+# what the replicates read of the entropy settings: the entropies' numbers of coefficients
+REPLICATE_TOP_K = {k: config["entropy"][k] for k in ("head_top_k", "network_top_k")}
+
 
 rule stability_sample:
     input:
@@ -34,7 +37,7 @@ rule stability_sample:
         analysis=analysis_params,
         device=config["device"],
         organize=config["organize"],
-        entropy={k: config["entropy"][k] for k in ("head_top_k", "network_top_k")},
+        entropy=REPLICATE_TOP_K,
         questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
         code=code_version("stability_sample"),
     script:
@@ -72,7 +75,7 @@ for _suffix, _name, _samples in STABILITY_BATCH_JOBS:
             analysis=for_model(_name, _samples, analysis_params),
             device=config["device"],
             organize=config["organize"],
-            entropy={k: config["entropy"][k] for k in ("head_top_k", "network_top_k")},
+            entropy=REPLICATE_TOP_K,
             questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
             code=code_version(f"stability_sample_batch_{_suffix}", "stability_sample"),
         script:
