@@ -7,14 +7,15 @@ coefficients (what `organize`, the core of `decompose` and `entropy` do for one 
 then, apart from the target, the diffusion map of heads and the paraproduct of one head.
 Sizes: the paper's 256x256x128 (Transformer-XL) and 197x197x144 (ViT, uncropped), 64, 128
 and 512 per axis, and one SmolLM2-135M sample (30 layers x 9 heads = 270 heads) at 1024
-and 2048 tokens. Each size runs in a fresh process; for each step it prints the wall time
+and 2048 tokens, dense or causal (`1024c`, `2048c`: each head a masked softmax, zero past the
+diagonal, as a decoder's probabilities). Each size runs in a fresh process; for each step it prints the wall time
 and the peak RSS during that step (VmHWM, reset before the step), the step's own CPU time,
 and the questionnaire's phases (cosine affinities, tree-EMD feature sweeps, the L1 kernel
 with the number of |a - b| terms it summed and its rate, flexible trees, EMD
 affinities); at the end a table and the growth exponent of the wall and CPU time of each
 step and phase between consecutive sizes of a series (time ~ tokens^p). Usage:
 
-    python bench/engine.py [--sizes 64,128,vit,txl,512,1024,2048] [--iters 3]
+    python bench/engine.py [--sizes 64,128,vit,txl,512,1024,2048,1024c,2048c] [--iters 3]
 
 On a shared machine, read the load average printed with each size, and the CPU times:
 with both cores free the wall time of the multi-threaded phases is about half their CPU
@@ -37,14 +38,18 @@ import numpy as np
 
 SIZES = {"64": (64, 64, 64), "128": (128, 128, 128), "txl": (256, 256, 128),
          "vit": (197, 197, 144), "512": (512, 512, 128),
-         "1024": (1024, 1024, 270), "2048": (2048, 2048, 270)}
+         "1024": (1024, 1024, 270), "2048": (2048, 2048, 270),
+         "1024c": (1024, 1024, 270), "2048c": (2048, 2048, 270)}
 # series whose growth exponent is reported: (name, tokens)
-SERIES = [("64", 64), ("128", 128), ("txl", 256), ("512", 512)], [("1024", 1024), ("2048", 2048)]
+SERIES = ([("64", 64), ("128", 128), ("txl", 256), ("512", 512)], [("1024", 1024), ("2048", 2048)],
+          [("1024c", 1024), ("2048c", 2048)])
 TARGET_STEPS = ("questionnaire", "bihaar", "trihaar", "entropies")
 
 
-def planted(shape, n_clusters=4, seed=0):
-    """Seeded planted (query, key, head) float32 tensor, built without a float64 copy."""
+def planted(shape, n_clusters=4, seed=0, causal=False):
+    """Seeded planted (query, key, head) float32 tensor, built without a float64 copy;
+    `causal`: each head's masked softmax over keys (query q sees keys up to q), as a decoder
+    LLM's probabilities."""
     nq, nk, nh = shape
     rng = np.random.default_rng(seed)
     q = np.linspace(0, 1, nq)[:, None]
@@ -57,6 +62,11 @@ def planted(shape, n_clusters=4, seed=0):
     for h in range(nh):
         head = bases[labels[ph[h]]] + 0.05 * rng.normal(size=(nq, nk))
         x[:, :, h] = head[np.ix_(pq, pk)]
+    if causal:
+        allowed = np.arange(nk)[None, :] <= np.arange(nq)[:, None]
+        for h in range(nh):
+            e = np.where(allowed, np.exp(3 * x[:, :, h]), 0)
+            x[:, :, h] = e / e.sum(1, keepdims=True)
     return x
 
 
@@ -121,8 +131,11 @@ class Phases:
     def install(self):
         from oattn_lib import emd, questionnaire
 
-        def l1_terms(total, F, d=None):
-            return total.m * (total.m - 1) // 2 * (F.shape[1] if d is None else d)
+        def l1_terms(total, F, d=None):  # the terms this call summed (rows ending early skip some)
+            if not hasattr(total, "terms"):  # the device path: every pair, every column
+                return total.m * (total.m - 1) // 2 * (F.shape[1] if d is None else d)
+            done, total.counted = total.terms - getattr(total, "counted", 0), total.terms
+            return done
         self._wrap(questionnaire, "_cosine", "cosine")
         self._wrap(emd, "run_program", "emd_feature_sweeps")
         self._wrap(emd, "_copy", "emd_feature_sweeps")
@@ -152,7 +165,7 @@ def run_one(name: str, iters: int) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     shape = SIZES[name]
     load = os.getloadavg()
-    x = torch.from_numpy(planted(shape))
+    x = torch.from_numpy(planted(shape, causal=name.endswith("c")))
     pairwise_l1(np.random.default_rng(0).random((8, 64), dtype=np.float32))  # numba compile/cache load
     steps, phases = Steps(), Phases()
     phases.install()

@@ -62,8 +62,10 @@ def _l1_plan(m, block):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def _l1_accumulate(F, d, block, strip, bi, bj, bounds, acc, counter):  # pragma: no cover - compiled
-    """Add sum |F[i, :d] - F[j, :d]| of every row pair to the float64 tiles `acc`.
+def _l1_accumulate(F, d, block, strip, rows, bi, bj, lim, bounds, acc, counter):  # pragma: no cover - compiled
+    """Add sum |F[r_i, :c] - F[r_j, :c]| of every row pair to the float64 tiles `acc`, where
+    r = `rows` (tile position i holds row rows[i]) and c = lim[p] <= d for the pair's
+    block pair p (`_l1_ends` says why the columns past it need no differences).
 
     Rows are tiled in blocks; a task is one strip of `strip` columns and one run of the
     upper-triangle block pairs (`bounds`, of about equal cost), done while the strip is
@@ -83,9 +85,11 @@ def _l1_accumulate(F, d, block, strip, bi, bj, bounds, acc, counter):  # pragma:
             if task >= n_tasks:
                 break
             k0 = (task // n_runs) * strip
-            k1 = min(k0 + strip, d)
             run = task % n_runs
             for p in range(bounds[run], bounds[run + 1]):
+                if k0 >= lim[p]:
+                    continue
+                k1 = min(k0 + strip, lim[p])
                 i_base = bi[p] * block
                 j_base = bj[p] * block
                 diag = bi[p] == bj[p]
@@ -96,14 +100,14 @@ def _l1_accumulate(F, d, block, strip, bi, bj, bounds, acc, counter):  # pragma:
                 for ii in range(0, block, 4):
                     # strip views indexed from 0: with k >= 0 provable, no negative-index
                     # wraparound is emitted and the loop vectorizes to contiguous loads
-                    a0 = F[min(i_base + ii, m - 1), k0:k1]
-                    a1 = F[min(i_base + ii + 1, m - 1), k0:k1]
-                    a2 = F[min(i_base + ii + 2, m - 1), k0:k1]
-                    a3 = F[min(i_base + ii + 3, m - 1), k0:k1]
+                    a0 = F[rows[min(i_base + ii, m - 1)], k0:k1]
+                    a1 = F[rows[min(i_base + ii + 1, m - 1)], k0:k1]
+                    a2 = F[rows[min(i_base + ii + 2, m - 1)], k0:k1]
+                    a3 = F[rows[min(i_base + ii + 3, m - 1)], k0:k1]
                     jj_start = ii if diag else 0
                     for jj in range(jj_start, block, 2):
-                        b0 = F[min(j_base + jj, m - 1), k0:k1]
-                        b1 = F[min(j_base + jj + 1, m - 1), k0:k1]
+                        b0 = F[rows[min(j_base + jj, m - 1)], k0:k1]
+                        b1 = F[rows[min(j_base + jj + 1, m - 1)], k0:k1]
                         s00 = np.float32(0.0)
                         s01 = np.float32(0.0)
                         s10 = np.float32(0.0)
@@ -137,9 +141,91 @@ def _l1_accumulate(F, d, block, strip, bi, bj, bounds, acc, counter):  # pragma:
                         tile[ii + 3, jj + 1] += s31
 
 
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _l1_live(F, d, chunk):  # pragma: no cover - compiled
+    """Which of the columns F[:, :d] (finite) are nonzero in some row, a chunk of columns
+    per task (the largest magnitude of each column, vectorized)."""
+    live = np.zeros(d, np.bool_)
+    for c in numba.prange((d + chunk - 1) // chunk):
+        k0 = c * chunk
+        w = min(d, k0 + chunk) - k0
+        top = np.zeros(w, F.dtype)
+        for i in range(F.shape[0]):
+            part = F[i, k0:k0 + w]
+            for k in range(w):
+                top[k] = max(top[k], abs(part[k]))
+        for k in range(w):
+            live[k0 + k] = top[k] > 0
+    return live
+
+
+@numba.njit(parallel=True, cache=True)
+def _l1_gather(F, cols, out):  # pragma: no cover - compiled
+    """out[i, :len(cols)] = F[i, cols], row by row."""
+    for i in numba.prange(F.shape[0]):
+        row = F[i]
+        dst = out[i]
+        for k in range(cols.size):
+            dst[k] = row[cols[k]]
+
+
+@numba.njit(parallel=True, cache=True)
+def _l1_ends(F, d, rows):  # pragma: no cover - compiled
+    """For tile position i, the end of the nonzero columns of row rows[i] of F: F[rows[i],
+    end:d] is all zero.
+
+    Past min(end_i, end_j) one of two rows is zero, so there |F_i - F_j| = |F_i| + |F_j|: the
+    pair's distance is its differences up to any c >= min(end_i, end_j) plus both rows'
+    sums of magnitudes from c on (`_l1_row_tails`). Causal attention's feature rows are
+    zero past a column that moves with the position, so this skips about two thirds of the
+    differences (docs/method.md §4.2).
+    """
+    m = rows.size
+    last = np.zeros(m, np.int64)
+    for i in numba.prange(m):
+        row = F[rows[i]]
+        for k in range(d - 1, -1, -1):
+            if row[k] != 0:
+                last[i] = k + 1
+                break
+    return last
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _l1_row_tails(F, d, rows, group, first, last):  # pragma: no cover - compiled
+    """tail[i, t] = sum |F[rows[i], t * group:d]| for t >= first[i] (0 before; the row is zero
+    from last[i] on): float32 sums of a group, added in float64."""
+    m = rows.size
+    n_groups = (d + group - 1) // group
+    tail = np.zeros((m, n_groups + 1), np.float64)
+    for i in numba.prange(m):
+        row = F[rows[i]]
+        for t in range((last[i] + group - 1) // group - 1, first[i] - 1, -1):
+            k0 = t * group
+            part = row[k0:min(last[i], k0 + group)]
+            s = np.float32(0.0)  # a short float32 sum (vectorized), added in float64
+            for k in range(part.size):
+                s += abs(part[k])
+            tail[i, t] = tail[i, t + 1] + s
+    return tail
+
+
+@numba.njit(parallel=True, cache=True)
+def _l1_tails(tail, starts, bi, bj, m, block, acc):  # pragma: no cover - compiled
+    """Add to the tiles acc of every block pair p the tails of both rows of each pair from
+    column group starts[p] (`_l1_ends`)."""
+    for p in numba.prange(bi.size):
+        t = starts[p]
+        for ii in range(block):
+            i = min(bi[p] * block + ii, m - 1)
+            for jj in range(block):
+                acc[p, ii, jj] += tail[i, t] + tail[min(bj[p] * block + jj, m - 1), t]
+
+
 @numba.njit(cache=True)
-def _l1_finish(acc, bi, bj, m, block):  # pragma: no cover - compiled
-    """The symmetric (m, m) distance matrix from the tiles of all threads."""
+def _l1_finish(acc, bi, bj, m, block, rows):  # pragma: no cover - compiled
+    """The symmetric (m, m) distance matrix from the tiles of all threads, tile position i
+    written to row and column rows[i]."""
     out = np.zeros((m, m), np.float64)
     for p in range(bi.size):
         i_base = bi[p] * block
@@ -152,8 +238,8 @@ def _l1_finish(acc, bi, bj, m, block):  # pragma: no cover - compiled
                     v = 0.0
                     for w in range(acc.shape[0]):
                         v += acc[w, p, ii, jj]
-                    out[i, j] = v
-                    out[j, i] = v
+                    out[rows[i], rows[j]] = v
+                    out[rows[j], rows[i]] = v
     return out
 
 
@@ -162,16 +248,28 @@ def _l1_finish(acc, bi, bj, m, block):  # pragma: no cover - compiled
 _TASKS_PER_THREAD = 4
 
 
-class _L1Sum:
-    """Pairwise L1 distances between m rows, summed over blocks of their columns."""
+# Columns per group of the tails (`_l1_ends`): a pair's differences stop at a multiple.
+_TAIL_GROUP = 64
 
-    def __init__(self, m: int, device, strip: int | None = None):
-        self.m, self.device = m, torch.device(device)
+
+class _L1Sum:
+    """Pairwise L1 distances between m rows, summed over blocks of their columns.
+
+    `order` (a permutation of the m rows, default as they are) is the order in which the
+    CPU kernel tiles the rows: rows whose features end at about the same column tiled
+    together let whole tiles stop early (`_l1_ends`). The result does not depend on it.
+    """
+
+    def __init__(self, m: int, device, strip: int | None = None, order=None, compact: bool = False):
+        self.m, self.device, self.compact = m, torch.device(device), compact
+        self._packed = None
         self.strip = strip or _STRIP
         self.numba = self.device.type == "cpu"
         if self.numba:
             n_workers = numba.get_num_threads()
+            self.rows = np.arange(m, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
             self.bi, self.bj, self.cost = _l1_plan(m, _BLOCK)
+            self.terms = 0  # |a - b| terms summed (a tile's rows past m included), for benchmarks
             self.acc = np.zeros((n_workers, self.bi.size, _BLOCK, _BLOCK), np.float64)
         else:
             self.out = torch.zeros((m, m), dtype=torch.float64, device=self.device)
@@ -179,21 +277,53 @@ class _L1Sum:
     def add(self, F: torch.Tensor, d: int | None = None) -> None:
         """Add the distances over the columns F[:, :d] (F contiguous; not copied)."""
         d = F.shape[1] if d is None else d
+        if d == 0:
+            return
         if self.numba:
             Fn = np.ascontiguousarray(F.detach().numpy() if isinstance(F, torch.Tensor) else F, dtype=np.float32)
+            if self.compact:
+                Fn, d = self._pack(Fn, d)
+            # per block pair, the columns past which one row of every pair is zero (`_l1_ends`),
+            # rounded up to a group of the tails
+            last = _l1_ends(Fn, d, self.rows)
+            ends = np.maximum.reduceat(last, np.arange(0, self.m, _BLOCK))
+            lim = np.minimum(ends[self.bi], ends[self.bj])
+            lim = np.minimum(-(-lim // _TAIL_GROUP) * _TAIL_GROUP, d)
+            starts = -(-lim // _TAIL_GROUP)
             strip = max(1, min(self.strip, d))
             n_strips = -(-d // strip)
             n_runs = min(self.bi.size, -(-_TASKS_PER_THREAD * self.acc.shape[0] // n_strips))
             # runs of block pairs of about equal cost
             bounds = np.searchsorted(self.cost, np.linspace(0, self.cost[-1], n_runs + 1)[1:-1])
             bounds = np.unique(np.r_[0, bounds, self.bi.size]).astype(np.int64)
-            _l1_accumulate(Fn, d, _BLOCK, strip, self.bi, self.bj, bounds, self.acc, np.zeros(1, np.int64))
+            _l1_accumulate(Fn, d, _BLOCK, strip, self.rows, self.bi, self.bj, lim, bounds, self.acc,
+                           np.zeros(1, np.int64))
+            self.terms += int(np.where(self.bi == self.bj, _BLOCK * (_BLOCK + 1) // 2, _BLOCK * _BLOCK) @ lim)
+            # each row's tail from the earliest start of its block's pairs (none where every
+            # pair runs to d)
+            first = np.full(-(-self.m // _BLOCK), starts.max(), dtype=np.int64)
+            np.minimum.at(first, self.bi, starts)
+            np.minimum.at(first, self.bj, starts)
+            tail = _l1_row_tails(Fn, d, self.rows, _TAIL_GROUP, np.repeat(first, _BLOCK)[:self.m], last)
+            _l1_tails(tail, starts, self.bi, self.bj, self.m, _BLOCK, self.acc[0])
         else:
             self.out += _pairwise_l1_torch(F[:, :d])
 
+    def _pack(self, Fn: np.ndarray, d: int) -> tuple[np.ndarray, int]:
+        """Fn's columns that are nonzero in some row, packed (a column zero in every row adds
+        nothing to any distance), if that drops at least an eighth of them."""
+        live = np.flatnonzero(_l1_live(Fn, d, 256))
+        if live.size > d - d // 8:
+            return Fn, d
+        if self._packed is None or self._packed.size < self.m * live.size:
+            self._packed = np.empty(self.m * max(live.size, d // 2), dtype=np.float32)
+        out = self._packed[:self.m * live.size].reshape(self.m, live.size)
+        _l1_gather(Fn, live, out)
+        return out, live.size
+
     def result(self) -> torch.Tensor:
         if self.numba:
-            return torch.from_numpy(_l1_finish(self.acc, self.bi, self.bj, self.m, _BLOCK))
+            return torch.from_numpy(_l1_finish(self.acc, self.bi, self.bj, self.m, _BLOCK, self.rows))
         return self.out
 
 
@@ -262,14 +392,39 @@ class TreeEMD:
             _check_finite(t, "X")
         self.X = t.contiguous()
         self._buffers: dict[str, torch.Tensor] = {}
+        self._reach = None
 
     def __call__(self, axis: int, trees, alpha=0.0, beta=1.0) -> torch.Tensor:
         """The (n_slices, n_slices) float64 distance matrix, as torch; see `tree_emd`."""
         axis, trees, al, be = self._check(axis, trees, alpha, beta)
-        total = _L1Sum(self.X.shape[axis], self.X.device)
-        for block, d in self.blocks(axis, trees, al, be, _BLOCK_BYTES):
+        support = self._support(axis)
+        total = _L1Sum(self.X.shape[axis], self.X.device,
+                       order=None if support is None else np.argsort(support[0], kind="stable"),
+                       compact=axis == 2 and self._has_zeros())
+        for block, d in self.blocks(axis, trees, al, be, _BLOCK_BYTES,
+                                    item_support=None if support is None else support[1]):
             total.add(block, d)
         return total.result()
+
+    def _support(self, axis: int):
+        """For the CPU kernel's order (`_L1Sum`, `_l1_ends`): (per slice, per item of the
+        first other axis) the number of items of the other kind they share a nonzero with,
+        over queries and keys; None for the heads, or when nothing is zero. In causal
+        attention query q reaches the keys up to q and key k the queries from k: sorted
+        so, each feature row is zero past a column that grows with the slice."""
+        if axis == 2 or not self._has_zeros():
+            return None
+        by_query, by_key = self._reach
+        return (by_query, by_key) if axis == 0 else (by_key, by_query)
+
+    def _has_zeros(self) -> bool:
+        """On CPU: whether some (query, key) is zero in every head (`_support`, `_L1Sum`)."""
+        if self.X.device.type != "cpu":
+            return False
+        if self._reach is None:
+            reach = _reach(self.X.numpy())
+            self._reach = (reach.sum(axis=1), reach.sum(axis=0)) if not reach.all() else ()
+        return bool(self._reach)
 
     def _check(self, axis, trees, alpha, beta):
         axis = _check_axis(axis)
@@ -282,10 +437,12 @@ class TreeEMD:
             buf = self._buffers[name] = empty((n,), self.X)
         return buf[:n]
 
-    def blocks(self, axis: int, trees, alphas, betas, block_bytes: int | None):
+    def blocks(self, axis: int, trees, alphas, betas, block_bytes: int | None, item_support=None):
         """Yield (block, d): the first d columns of each 2-D `block` (n_slices rows) are some
         of the features (`tree_features`); together, all of them. A block lives until the
-        next one is asked for.
+        next one is asked for. With `item_support` (a number per item of trees[0]'s axis),
+        each block's folders of trees[0] come by decreasing support (a folder's: its items'
+        largest), which costs nothing: the sweeps emit them in that order.
 
         Folder means are built by sweeps through the trees (`sweep`): every average over a
         folder from the averages over its parts, never a dense membership product. The
@@ -316,8 +473,13 @@ class TreeEMD:
         # rows, and transposes for heads), then over the chunk's folders along the middle
         # axis. The (slice, folder, folder) result, reshaped, is the block of features,
         # the chunk's roots after them.
+        root_support = []
         for i, (prog, k) in enumerate(zip(chunks, n_emit)):
             items, c = prog.load, prog.load.size
+            reload = _reload(prog)
+            if item_support is not None:
+                reload, sup = _by_support(reload, np.asarray(item_support)[items], k)
+                root_support.append(sup[k:])
             xb = swept[:n_m * c * f_b].view(n_m, c, f_b)
             if axis == 2:  # heads: X[chunk] swept along keys into (head, chunk item, key folder)
                 run_program(t, whole_b, 1, out=xb, rows=items, transposed=True)
@@ -325,11 +487,13 @@ class TreeEMD:
                 rows = (np.arange(n_m)[:, None] * n_k + items[None, :] if axis == 0
                         else items[None, :] * n_k + np.arange(n_m)[:, None])
                 run_program(t, whole_b, 2, out=xb, rows=rows.ravel())
-            y = run_program(xb, _reload(prog), 1, out=ws[:n_m * prog.emit.size * f_b].view(n_m, -1, f_b))
+            y = run_program(xb, reload, 1, out=ws[:n_m * prog.emit.size * f_b].view(n_m, -1, f_b))
             if roots is not None:
                 _copy(roots[:, at[i]:at[i + 1]], y[:, k:])
             yield y.reshape(n_m, -1), k * f_b
         for top in tops:
+            if item_support is not None:
+                top, _ = _by_support(top, np.concatenate(root_support)[top.load], top.emit.size)
             y = run_program(roots, top, 1, out=ws[:n_m * top.emit.size * f_b].view(n_m, -1, f_b))
             yield y.reshape(n_m, -1), y.shape[1] * f_b
 
@@ -341,6 +505,36 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         np.copyto(dst.numpy(), src.numpy())
     else:
         dst.copy_(src)
+
+
+@numba.njit(parallel=True, cache=True)
+def _reach(X):  # pragma: no cover - compiled
+    """(query, key) of a (query, key, head) array: is any head nonzero there."""
+    n_q, n_k, n_h = X.shape
+    out = np.zeros((n_q, n_k), np.bool_)
+    for q in numba.prange(n_q):
+        for k in range(n_k):
+            for h in range(n_h):
+                if X[q, k, h] != 0:
+                    out[q, k] = True
+                    break
+    return out
+
+
+def _by_support(prog: Program, load_support: np.ndarray, k: int) -> tuple[Program, np.ndarray]:
+    """`prog` with its first k emitted nodes by decreasing support (stable), and the support
+    of every node it emits, in the new order; a node's support is the largest of its loaded
+    rows' (`load_support`)."""
+    n_load = prog.load.size
+    sup = np.empty(n_load + prog.left.size, dtype=np.float64)
+    sup[:n_load] = load_support
+    for k0, k1 in zip(prog.steps[:-1], prog.steps[1:]):  # parts come at lower heights
+        sup[n_load + k0:n_load + k1] = np.maximum(sup[prog.left[k0:k1]], sup[prog.right[k0:k1]])
+    first = np.argsort(-sup[prog.emit[:k]], kind="stable")
+    perm = np.r_[first, np.arange(k, prog.emit.size)]
+    emit = prog.emit[perm]
+    return (Program(prog.load, prog.left, prog.right, prog.wl, prog.wr, prog.steps, emit, prog.weight[perm]),
+            sup[emit])
 
 
 def _reload(prog: Program) -> Program:

@@ -91,6 +91,45 @@ def test_pairwise_l1_tasks_cover_every_pair_once(threads):
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@FAST
+@given(m=st.integers(1, 70), d=st.integers(1, 600), strip=st.sampled_from([16, 64, 1024]),
+       seed=st.integers(0, 2**32 - 1))
+def test_pairwise_l1_rows_that_end_early(m, d, strip, seed):
+    """Rows zero past their own column (all zero, or none), tiled in any order: the kernel
+    stops each tile where one row of every pair is zero and adds the rest as the rows'
+    tails, in two column blocks; the same as all differences."""
+    rng = np.random.default_rng(seed)
+    F = rng.standard_normal((m, d)).astype(np.float32)
+    ends = rng.integers(0, d + 1, m)
+    ends[rng.integers(m)] = d
+    F[np.arange(d)[None, :] >= ends[:, None]] = 0
+    want = cdist(F.astype(np.float64), F.astype(np.float64), "cityblock")
+    for order in (None, np.argsort(ends, kind="stable"), rng.permutation(m)):
+        total = emd._L1Sum(m, "cpu", strip=strip, order=order)
+        cut = int(rng.integers(0, d + 1))
+        total.add(np.ascontiguousarray(F[:, :cut]) if cut else np.zeros((m, 1), np.float32), cut)
+        total.add(np.ascontiguousarray(F[:, cut:]) if cut < d else np.zeros((m, 1), np.float32), d - cut)
+        got = total.result().numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        assert np.array_equal(got, got.T) and np.all(np.diag(got) == 0)
+
+
+def test_pairwise_l1_packs_columns_zero_in_every_row():
+    """With `compact`, the columns zero in every row are dropped before the differences
+    (they add nothing), in blocks with and without enough of them to pack."""
+    rng = np.random.default_rng(3)
+    F = rng.random((40, 900)).astype(np.float32)
+    F[:, rng.random(900) < 0.5] = 0
+    F[:, :300][:, rng.random(300) < 0.05] = 0
+    want = cdist(F.astype(np.float64), F.astype(np.float64), "cityblock")
+    total = emd._L1Sum(40, "cpu", compact=True)
+    packed, d = total._pack(np.ascontiguousarray(F), 900)
+    assert d == int((F != 0).any(0).sum()) and np.array_equal(packed, F[:, (F != 0).any(0)])
+    for part in (F[:, :300], F[:, 300:]):  # few dead columns, then many
+        total.add(np.ascontiguousarray(part))
+    np.testing.assert_allclose(total.result().numpy(), want, rtol=1e-5)
+
+
 def test_pairwise_l1_accurate_for_long_features():
     F = np.random.default_rng(0).random((3, 300_001)).astype(np.float32)
     F[1] += 1e-3
@@ -265,6 +304,63 @@ def test_tree_emd_in_blocks_at_scale():
         finally:
             emd._BLOCK_BYTES = old
         np.testing.assert_allclose(blocks, one, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_tree_emd_of_causal_attention(shuffled):
+    """Causal attention (query q sees the keys up to q in every head): the slices tiled by
+    how far they reach, the folders by the reach of their items, the heads' columns zero in
+    every head packed; the same distances as the dense features', the tokens in order or
+    shuffled (no ordering of them assumed)."""
+    rng = np.random.default_rng(10)
+    n, h = 70, 4
+    s = rng.standard_normal((n, n, h))
+    allowed = np.tril(np.ones((n, n), dtype=bool))
+    p = np.exp(np.where(allowed[:, :, None], s, -np.inf))
+    X = (p / p.sum(1, keepdims=True)).astype(np.float32)
+    if shuffled:
+        X = X[rng.permutation(n)][:, rng.permutation(n)]
+    many = emd.TreeEMD(X)
+    assert many._has_zeros() and many._support(2) is None
+    by_query, by_key = many._support(0)
+    assert np.array_equal(by_query, (X != 0).any(2).sum(1)) and np.array_equal(by_key, (X != 0).any(2).sum(0))
+    old = emd._BLOCK_BYTES
+    try:
+        emd._BLOCK_BYTES = 30000  # many chunks, and top programs
+        for axis in range(3):
+            trees = tuple(random_tree(X.shape[a], rng) for a in range(3) if a != axis)
+            for alpha, beta in ((0.0, 1.0), (1.0, 0.0)):
+                want = dense_features(X, axis, trees, alpha, beta)
+                np.testing.assert_allclose(many(axis, trees, alpha, beta).numpy(), cdist(want, want, "cityblock"),
+                                           rtol=1e-5, atol=1e-6)
+    finally:
+        emd._BLOCK_BYTES = old
+
+
+def test_blocks_by_support_emit_folders_by_decreasing_reach():
+    """With item supports, each block's folders come by decreasing support (a folder's is
+    its items' largest); the features are the same set, reordered within each block."""
+    rng = np.random.default_rng(11)
+    X = rng.random((50, 12, 3)).astype(np.float32)
+    tree_a, tree_b = random_tree(50, rng), random_tree(3, rng)
+    support = rng.permutation(50).astype(float)
+    many = emd.TreeEMD(X)
+    plain = [b[:, :d].numpy().copy() for b, d in many.blocks(1, (tree_a, tree_b), (0.0, 0.0), (1.0, 1.0), 6000)]
+    ordered = [b[:, :d].numpy().copy() for b, d in many.blocks(1, (tree_a, tree_b), (0.0, 0.0), (1.0, 1.0), 6000,
+                                                               item_support=support)]
+    assert len(plain) == len(ordered) > 2
+    f_b = len(tree_b.folder_weights(0.0, 1.0))
+    for a, b in zip(plain, ordered):
+        cols = lambda m: sorted(map(tuple, m.T.round(6)))  # noqa: E731
+        assert cols(a) == cols(b)
+    # the folder of each ordered column block: its largest item support, non-increasing
+    full = emd.tree_features(X, 1, (tree_a, tree_b)).numpy()
+    folders = tree_a.folders[0]
+    reach = np.array([support[f].max() for f in folders])
+    key = {tuple(full[:, i * f_b:(i + 1) * f_b].ravel().round(6)): reach[i] for i in range(len(folders))}
+    for b in ordered:
+        got = [key[tuple(b[:, j * f_b:(j + 1) * f_b].ravel().round(6))] for j in range(b.shape[1] // f_b)]
+        assert got == sorted(got, reverse=True)
 
 
 def test_one_tree_emd_serves_many_calls():

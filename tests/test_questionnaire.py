@@ -183,12 +183,16 @@ def test_degenerate_tensors_give_finite_trees():
         assert org.tree_h.n == x.shape[2]
 
 
-@pytest.mark.parametrize("piece", [1, 7, 1 << 22])
-def test_cosine_from_pieces_of_the_gram_matrix(monkeypatch, piece):
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("piece", [1, 7, 60, 1 << 22])
+def test_cosine_from_pieces_of_the_gram_matrix(monkeypatch, piece, causal):
     """The initial affinities, built from float64 pieces and upper row blocks, equal the
-    cosine of the flattened slices (an all-zero slice included)."""
+    cosine of the flattened slices (an all-zero slice included); causal attention's pieces,
+    zero before or after the diagonal, only over their nonzero rows."""
     rng = np.random.default_rng(2)
     x = torch.from_numpy(rng.normal(size=(11, 9, 5)).astype(np.float32))
+    if causal:  # query q sees keys up to q (and a few past the last key)
+        x *= torch.from_numpy(np.arange(9)[None, :] <= np.arange(11)[:, None])[:, :, None]
     x[3] = 0
     monkeypatch.setattr(questionnaire_module, "_GRAM_PIECE", piece)
     for axis in range(3):

@@ -140,9 +140,9 @@ from oattn_lib.stages.organize import organize
 from oattn_lib.stages.kernels import _tiny_sample
 from pathlib import Path
 t = Path({str(tmp_path)!r})
-_tiny_sample(t / 'a.zarr', n=15, n_layer=3, n_head=2, seed=5)
-organize(t / 'a.zarr/zarr.json', t / 'o.zarr/zarr.json', 'scores', params={{'n_iters': 2}})
-decompose(t / 'a.zarr/zarr.json', t / 'o.zarr/zarr.json', t / 'd.zarr/zarr.json', 'scores', figure_heads=[[1, 1]],
+_tiny_sample(t / 'a.zarr', n=35, n_layer=3, n_head=2, seed=5)
+organize(t / 'a.zarr/zarr.json', t / 'o.zarr/zarr.json', 'probs', params={{'n_iters': 2}})
+decompose(t / 'a.zarr/zarr.json', t / 'o.zarr/zarr.json', t / 'd.zarr/zarr.json', 'probs', figure_heads=[[1, 1]],
           questionnaire2d_iters=2, random_tree_seeds=2)
 print(json.dumps(kernel_stats()))
 """
