@@ -327,6 +327,28 @@ def _store(s, nodes, weight, b0, nb, j0, jw, out):  # pragma: no cover - compile
                 out[b0 + bb, e, j0 + jj] = we * s[ne, bb * jw + jj]
 
 
+@numba.njit(inline="always")
+def _all_zero(s, n_rows, w):  # pragma: no cover - compiled
+    """Whether s[:n_rows, :w] is all zero (stops at the first nonzero; NaN counts as one)."""
+    for i in range(n_rows):
+        for t in range(w):
+            if s[i, t] != 0:
+                return False
+    return True
+
+
+@numba.njit(inline="always")
+def _store_zeros(nodes, b0, nb, j0, jw, out, transposed):  # pragma: no cover - compiled
+    """The zeros `_store` (or the transposed store) would write for an all-zero block."""
+    for bb in range(nb):
+        for e in range(nodes.size):
+            for jj in range(jw):
+                if transposed:
+                    out[j0 + jj, b0 + bb, e] = 0
+                else:
+                    out[b0 + bb, e, j0 + jj] = 0
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True)
 def _means_kernel(src, bmap, load, left, right, wl, wr, emit, weight, out, transposed,
                   n_tasks, width, n_workers):  # pragma: no cover - compiled
@@ -346,8 +368,17 @@ def _means_kernel(src, bmap, load, left, right, wl, wr, emit, weight, out, trans
                     break
                 for b in range(grp * _GROUP, min(n_b, (grp + 1) * _GROUP)):
                     sb = bmap[b]
+                    nonzero = False
                     for i in range(n_load):
                         v[i] = src[sb, load[i], 0]
+                        nonzero |= v[i] != 0
+                    if not nonzero:  # every mean is 0 (causal attention past the diagonal)
+                        for e in range(n_emit):
+                            if transposed:
+                                out[0, b, e] = 0
+                            else:
+                                out[b, e, 0] = 0
+                        continue
                     for k in range(n_split):
                         v[n_load + k] = wl[k] * v[left[k]] + wr[k] * v[right[k]]
                     for e in range(n_emit):
@@ -370,6 +401,9 @@ def _means_kernel(src, bmap, load, left, right, wl, wr, emit, weight, out, trans
                     row = load[i]
                     for jj in range(jw):
                         s[i, bb * jw + jj] = src[sb, row, j0 + jj]
+            if _all_zero(s, n_load, w):  # every mean is 0 (causal attention past the diagonal)
+                _store_zeros(emit, b0, nb, j0, jw, out, transposed)
+                continue
             for k in range(n_split):
                 a, c, lk, rk, d = wl[k], wr[k], left[k], right[k], n_load + k
                 for t in range(w):

@@ -264,3 +264,32 @@ def test_bad_input_raises():
         bihaar(np.full((4, 4), np.nan), t, t)
     with pytest.raises(ValueError, match="PartitionTree"):
         haar_basis(np.arange(4))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("r", [1, 5, 300])
+def test_means_of_zero_vectors_skip_to_exact_zeros(r, transposed):
+    """Folder means of vectors (and blocks of them) that are all zero, as causal attention's
+    past the diagonal, are written as zeros without the arithmetic, into an output full of
+    other values; the rest equal the torch sweeps'."""
+    rng = np.random.default_rng(12)
+    n, n_b = 40, 70
+    tree = random_tree(n, rng)
+    sp = sweep.splits(tree)
+    prog = sweep.whole_program(sp, sp.folder_node, tree.folder_weights(0.0, 1.0))
+    x = rng.random((n_b, n, r)).astype(np.float32)
+    x[rng.random(n_b) < 0.5] = 0  # whole slices
+    x[:, :, : r // 2][rng.random(n_b) < 0.3] = 0  # parts of the slices' columns
+    rows = rng.permutation(n_b)[:50]
+    shape = (r, rows.size, prog.emit.size) if transposed else (rows.size, prog.emit.size, r)
+    got = sweep.run_program(torch.from_numpy(x), prog, 1, out=torch.full(shape, 7.0), rows=rows,
+                            transposed=transposed)
+    old = sweep._numba_ok
+    try:
+        sweep._numba_ok = lambda t: False
+        want = sweep.run_program(torch.from_numpy(x), prog, 1, rows=rows, transposed=transposed)
+    finally:
+        sweep._numba_ok = old
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
+    zero = ~x[rows].any(axis=(1, 2))
+    assert (got.numpy()[:, zero] if transposed else got.numpy()[zero]).max() == 0 and zero.sum() > 5
