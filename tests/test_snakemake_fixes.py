@@ -60,3 +60,31 @@ def test_jobs_needing_every_core_run_one_at_a_time(tmp_path):
 @pytest.mark.parametrize("text, version", [("9.15.0", (9, 15)), ("10.0.1", (10, 0)), ("9.17.2.dev3", (9, 17))])
 def test_versions_are_read_by_major_and_minor(text, version):
     assert major_minor(text) == version
+
+
+def test_a_target_no_rule_makes_is_named_not_a_traceback(tmp_path):
+    """A mistyped target of the real workflow: Snakemake's own "No rule to produce" message,
+    naming it, and no AttributeError from formatting it."""
+    from wfutil import TINY, snakemake as run_snakemake
+
+    model = TINY["models"][0]["name"]
+    bad = f"results/{model}/organised/sample0.zarr/zarr.json"  # "organized" mistyped
+    run = run_snakemake(tmp_path, TINY, "-n", bad, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert f"No rule to produce {bad}" in out, out[-3000:]
+    assert "is_storage" not in out
+
+
+def test_file_formatting_takes_strings_and_files():
+    from snakemake.io import IOFile
+    from snakemake.io.fmt import fmt_iofile as before
+
+    from oattn_lib.snakemake_fixes import readable_missing_targets
+
+    assert readable_missing_targets() and readable_missing_targets()  # installed once, then kept
+    from snakemake.io.fmt import fmt_iofile
+
+    assert fmt_iofile("results/x.txt") == "results/x.txt"
+    assert fmt_iofile(IOFile("results/y.txt")) == "results/y.txt"
+    assert fmt_iofile is not before or getattr(before, "_oattn_takes_strings", False)
