@@ -19,6 +19,7 @@ several times slower.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numba
@@ -491,9 +492,10 @@ class TreeEMD:
             if roots is not None:
                 _copy(roots[:, at[i]:at[i + 1]], y[:, k:])
             yield y.reshape(n_m, -1), k * f_b
+        root_support = np.concatenate(root_support) if root_support else None
         for top in tops:
             if item_support is not None:
-                top, _ = _by_support(top, np.concatenate(root_support)[top.load], top.emit.size)
+                top, _ = _by_support(top, root_support[top.load], top.emit.size)
             y = run_program(roots, top, 1, out=ws[:n_m * top.emit.size * f_b].view(n_m, -1, f_b))
             yield y.reshape(n_m, -1), y.shape[1] * f_b
 
@@ -533,8 +535,7 @@ def _by_support(prog: Program, load_support: np.ndarray, k: int) -> tuple[Progra
     first = np.argsort(-sup[prog.emit[:k]], kind="stable")
     perm = np.r_[first, np.arange(k, prog.emit.size)]
     emit = prog.emit[perm]
-    return (Program(prog.load, prog.left, prog.right, prog.wl, prog.wr, prog.steps, emit, prog.weight[perm]),
-            sup[emit])
+    return dataclasses.replace(prog, emit=emit, weight=prog.weight[perm]), sup[emit]
 
 
 def _reload(prog: Program) -> Program:
