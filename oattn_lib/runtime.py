@@ -85,7 +85,7 @@ def setup_logging(log_path: str | os.PathLike | None, threads: int | None = None
 # the modules that define numba kernels (cache=True); rule `kernels` compiles them first
 # (stages.kernels). Named, not imported: this module imports nothing of the library, so that
 # no stage's code fingerprint depends on the engine through it.
-KERNEL_MODULES = ("oattn_lib.emd", "oattn_lib.sweep")
+KERNEL_MODULES = ("oattn_lib.emd", "oattn_lib.sweep", "oattn_lib.tree_kernels")
 
 
 def kernel_stats() -> dict[str, dict]:

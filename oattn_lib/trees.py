@@ -274,11 +274,10 @@ def _top_eigenpairs(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | No
     return w, v
 
 
-def _top_singular(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The symmetric `p`'s k singular pairs (vectors, values): its eigenvectors by |eigenvalue|
-    descending, as numpy's svd(hermitian=True) orders them. Every eigenpair (torch's eigh, much
-    faster than numpy's on a busy machine) below `PARTIAL_EIGEN_MIN` items, or where the
-    partial solution cannot be trusted; the k alone from there on (`_top_eigenpairs`)."""
+def _top_singular_connected(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_top_singular` of one connected component's `p`: every eigenpair (torch's eigh, much
+    faster than numpy's on a busy machine) below `PARTIAL_EIGEN_MIN` items, or where the partial
+    solution cannot be trusted; the k alone from there on (`_top_eigenpairs`)."""
     n = len(p)
     got = _top_eigenpairs(p, k) if n >= PARTIAL_EIGEN_MIN and k < n // 4 else None
     if got is None:
@@ -289,6 +288,52 @@ def _top_singular(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     s = np.abs(w)
     idx = np.argsort(s)[::-1][:k]
     return v[:, idx], s[idx]
+
+
+EIGEN_DECIMALS = 12
+"""`_top_singular` ranks the magnitudes of different components' eigenvalues rounded to this many
+decimals: each component's top eigenvalue is 1, computed to within ~1e-14."""
+
+
+def _top_singular(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The symmetric `p`'s k singular pairs (vectors, values): its eigenvectors by |eigenvalue|
+    descending, as numpy's svd(hermitian=True) orders them, one connected component of the graph
+    of p's nonzero entries at a time (docs/method.md §2.2).
+
+    `p` is block diagonal over the components, so its eigenpairs are theirs, padded with zeros.
+    Each component's top eigenvalue is 1: on a disconnected graph the eigenvalue 1 is repeated,
+    and a solver of the whole matrix returns an arbitrary basis of its eigenspace (Lanczos from
+    one vector misses copies of it and falls back to every eigenpair). Per component, the basis is
+    each component's own vector and a component's coordinates are exactly 0 on the others.
+    Eigenvalues of equal magnitude (to `EIGEN_DECIMALS`) rank by their component, largest
+    first, then by its first item."""
+    from .tree_kernels import graph_components  # here: reading trees needs no numba
+
+    n = len(p)
+    n_comp, comp = graph_components(p)
+    if n_comp == 1:
+        return _top_singular_connected(p, k)
+    sizes = np.bincount(comp, minlength=n_comp)
+    first = np.full(n_comp, n)
+    np.minimum.at(first, comp, np.arange(n))
+    members = np.argsort(comp, kind="stable")  # items grouped by component, in index order
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    vals, columns = [], []  # each candidate pair's |eigenvalue|, and its (items, vector)
+    for c in np.lexsort((first, -sizes)):  # largest component first
+        idx = members[starts[c]:starts[c + 1]]
+        if len(idx) == 1:
+            u, s = np.ones((1, 1)), np.abs(p[idx, idx])
+        else:
+            u, s = _top_singular_connected(p[np.ix_(idx, idx)], min(k, len(idx)))
+        vals.append(s)
+        columns.extend((idx, vec) for vec in u.T)
+    vals = np.concatenate(vals)
+    top = np.argsort(-np.round(vals, EIGEN_DECIMALS), kind="stable")[:k]
+    out = np.zeros((n, len(top)))
+    for col, j in enumerate(top):
+        idx, vec = columns[j]
+        out[idx, col] = vec
+    return out, vals[top]
 
 
 def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
@@ -316,11 +361,11 @@ def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
     return phi * np.where(sign == 0, 1.0, sign), s
 
 
-def _embedding_distances(phi: np.ndarray, s: np.ndarray, level: int) -> np.ndarray:
-    """docs/method.md §2.2 step 3: Euclidean distances between the items' diffusion coordinates at
-    time t = 2^(level - 1), (n, n) float64.
+def _embedding_coordinates(phi: np.ndarray, s: np.ndarray, level: int) -> np.ndarray:
+    """docs/method.md §2.2 step 3: the items' diffusion coordinates at time t = 2^(level - 1),
+    (n, d) float64, whose Euclidean distances the levels compare (`_embedding_distances`).
 
-    From coordinate differences (`scipy.spatial.distance.pdist`), never as |a|^2 + |b|^2 - 2 a.b:
+    Distances come from coordinate differences (pdist, `tree_kernels`), never as |a|^2 + |b|^2 - 2 a.b:
     that form cancels catastrophically once the coordinates decay, and at the coarse levels of an
     LLM's trees it returned rounding noise or exact zeros, so rounding-level changes of the input
     (or the order of the items) decided the merges. The trivial coordinate is left out where it
@@ -330,18 +375,24 @@ def _embedding_distances(phi: np.ndarray, s: np.ndarray, level: int) -> np.ndarr
     distances with each other and with their median, §2.3), and no coordinate that matters
     underflows at large t (0.055^512 is 0 in float64).
     """
-    import scipy.spatial.distance
-
     n = phi.shape[0]
     col0 = phi[:, 0]
     start = 1 if np.ptp(col0) <= 1e-8 * max(1.0, float(np.abs(col0).max())) else 0
     if start >= phi.shape[1]:
-        return np.zeros((n, n))
+        return np.zeros((n, 1))
     ss = s[start:]
     t = 2.0 ** (level - 1)
     top = float(ss.max())
     scale = ss * (ss / top) ** (t - 1) if top > 0 else ss ** t
-    return scipy.spatial.distance.squareform(scipy.spatial.distance.pdist(phi[:, start:] * scale[None, :]))
+    return phi[:, start:] * scale[None, :]
+
+
+def _embedding_distances(phi: np.ndarray, s: np.ndarray, level: int) -> np.ndarray:
+    """(n, n) float64 Euclidean distances between `_embedding_coordinates` (scipy's pdist: the
+    tree's levels take their node means directly, `tree_kernels.node_mean_distances`)."""
+    import scipy.spatial.distance
+
+    return scipy.spatial.distance.squareform(scipy.spatial.distance.pdist(_embedding_coordinates(phi, s, level)))
 
 
 def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
@@ -543,9 +594,10 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
     levels = [np.arange(n)]
     node_of_leaf = np.arange(n)
     lev = 1
+    from .tree_kernels import node_mean_distances  # here: reading trees needs no numba
+
     while node_of_leaf.max() > 0:
-        d_leaf = _embedding_distances(phi, s, lev)
-        d_node = _node_means(d_leaf, node_of_leaf)
+        d_node = node_mean_distances(_embedding_coordinates(phi, s, lev), node_of_leaf)
         group = _greedy_merge(d_node, constant, tiebreak=lambda nodes=node_of_leaf: _node_means(raw(), nodes))
         node_of_leaf = group[node_of_leaf]
         levels.append(node_of_leaf.copy())

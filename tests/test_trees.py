@@ -132,6 +132,26 @@ def test_node_distances_are_means_over_leaves(n, seed):
     np.testing.assert_allclose(_node_means(d, node), mem @ d @ mem.T, rtol=1e-12)
 
 
+@given(st.integers(1, 70), st.integers(1, 13), st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_node_mean_distances_are_the_leaf_matrix_means_to_the_bit(n, d, seed):
+    """The compiled node means of the coordinates' distances add what pdist, squareform and the
+    membership product add, in their order: the trees cannot tell them apart. Coordinates
+    decaying over 12 orders of magnitude, as a level's do; nodes of every size, one leaf each."""
+    import scipy.spatial.distance
+
+    from oattn_lib.tree_kernels import node_mean_distances
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d)) * np.logspace(0, -12, d)
+    if n > 3:
+        x[1] = x[0]  # a distance of exactly 0 between two leaves
+    node = np.arange(n) if seed % 3 == 0 else np.unique(rng.integers(0, max(1, n // 3), n), return_inverse=True)[1]
+    ref = _node_means(scipy.spatial.distance.squareform(scipy.spatial.distance.pdist(x)), node)
+    got = node_mean_distances(x, node)
+    assert got.shape == (node.max() + 1,) * 2
+    np.testing.assert_array_equal(got, ref)
+
+
 def test_greedy_merge_stops_at_the_median():
     # points at 0, 1, 2, 3, 10, 30. With the 999 diagonal the median of the 36 entries is
     # the mean of the 9th and 10th smallest pair distances, (9 + 10) / 2 = 9.5. The four
@@ -467,6 +487,95 @@ def test_a_skipped_eigenvalue_falls_back_to_every_eigenpair(monkeypatch):
     u, s = trees._top_singular(p, 12)
     wf = np.linalg.eigvalsh(p)
     np.testing.assert_allclose(s, np.sort(np.abs(wf))[::-1][:12], atol=1e-12)
+
+
+def _disconnected(p_big: np.ndarray, seed: int = 0):
+    """Block-diagonal P: p_big, then a 3-item and a 2-item component and two isolated items,
+    the items shuffled; returns (P, component of each item, permutation applied)."""
+    rng = np.random.default_rng(seed)
+    blocks = [p_big]
+    for m in (3, 2):
+        b = rng.random((m, m)) + 1.0
+        b = (b + b.T) / 2
+        d = np.sqrt(b.sum(1))
+        blocks.append(b / np.outer(d, d))
+    blocks += [np.ones((1, 1)), np.ones((1, 1))]
+    n = sum(len(b) for b in blocks)
+    p, comp, at = np.zeros((n, n)), np.empty(n, dtype=np.int64), 0
+    for c, b in enumerate(blocks):
+        p[at:at + len(b), at:at + len(b)] = b
+        comp[at:at + len(b)] = c
+        at += len(b)
+    perm = rng.permutation(n)
+    return p[np.ix_(perm, perm)], comp[perm], perm
+
+
+def test_a_disconnected_graph_is_solved_per_component(monkeypatch):
+    """docs/method.md §2.2: the eigenvalue 1 repeats once per component; each component's own
+    eigenpairs (padded with exact zeros) are P's, the repeated ones ranked largest component
+    first, and the large component is solved by Lanczos, never by every eigenpair of P."""
+    import torch
+
+    from oattn_lib import trees
+    p_big, _ = _normalised_affinity(1100)
+    p, comp, _ = _disconnected(p_big)
+    full = torch.linalg.eigh
+
+    def small_only(a):
+        assert a.shape[0] < 1024, "every eigenpair of a large matrix was computed"
+        return full(a)
+
+    monkeypatch.setattr(torch.linalg, "eigh", small_only)
+    u, s = trees._top_singular(p, 12)
+    wf = np.linalg.eigvalsh(p)
+    np.testing.assert_allclose(s, np.sort(np.abs(wf))[::-1][:12], atol=1e-12)
+    w = np.einsum("ik,ij,jk->k", u, p, u)  # signed eigenvalues
+    np.testing.assert_allclose(np.abs(w), s, atol=1e-12)
+    np.testing.assert_allclose(p @ u, u * w, atol=1e-10)
+    np.testing.assert_allclose(u.T @ u, np.eye(12), atol=1e-10)
+    owner = [np.unique(comp[u[:, k] != 0]) for k in range(12)]
+    assert all(len(o) == 1 for o in owner), "a vector spans two components"
+    ones = np.flatnonzero(np.abs(s - 1) < 1e-9)
+    # the 5 components' eigenvalue 1: by size (1100, 3, 2, then the isolated items by first index)
+    first_item = [np.flatnonzero(comp == c).min() for c in (3, 4)]
+    expect = [0, 1, 2] + [c for _, c in sorted(zip(first_item, (3, 4)))]
+    assert [int(owner[k][0]) for k in ones[:5]] == expect
+
+
+@given(st.integers(1, 60), st.floats(0.0, 0.2), st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None)
+def test_graph_components_are_scipys(n, density, seed):
+    import scipy.sparse
+    import scipy.sparse.csgraph
+
+    from oattn_lib.tree_kernels import graph_components
+    rng = np.random.default_rng(seed)
+    p = rng.random((n, n)) * (rng.random((n, n)) < density)
+    p = p + p.T
+    n_comp, comp = graph_components(p)
+    ref_n, ref = scipy.sparse.csgraph.connected_components(scipy.sparse.csr_matrix(p), directed=False)
+    assert n_comp == ref_n
+    # the same partition, components numbered by their first item
+    assert np.array_equal(comp, np.unique(ref, return_index=True)[1].argsort().argsort()[ref])
+
+
+def test_a_disconnected_trees_solvers_agree(monkeypatch):
+    """The tree of a disconnected affinity is the same whether each component's eigenpairs come
+    from Lanczos or from every eigenpair: the eigenspace of 1 no longer depends on the solver."""
+    from oattn_lib import trees
+    _, a_big = _normalised_affinity(1030, seed=3)
+    n_big = len(a_big)
+    a = np.zeros((n_big + 9, n_big + 9))
+    a[:n_big, :n_big] = a_big
+    rng = np.random.default_rng(4)
+    a[n_big:n_big + 6, n_big:n_big + 6] = 0.5 + 0.5 * rng.random((6, 6))
+    a[n_big:, n_big:] = (a[n_big:, n_big:] + a[n_big:, n_big:].T) / 2
+    np.fill_diagonal(a, 1.0)
+    partial = trees.flexible_tree(a)
+    monkeypatch.setattr(trees, "PARTIAL_EIGEN_MIN", 10 ** 9)
+    full = trees.flexible_tree(a)
+    np.testing.assert_array_equal(partial.labels, full.labels)
+    assert_valid_tree(partial)
 
 
 def test_a_large_tree_is_the_one_every_eigenpair_gives(monkeypatch):

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from .. import emd, store, sweep  # noqa: F401  (the kernel modules, runtime.KERNEL_MODULES)
+from .. import emd, store, sweep, tree_kernels  # noqa: F401  (the kernel modules, runtime.KERNEL_MODULES)
 from ..runtime import KERNEL_MODULES, kernel_stats
 from .decompose import decompose
 from .organize import organize

@@ -1,0 +1,96 @@
+"""The compiled parts of the flexible tree (docs/method.md §2.2).
+
+The connected components of its normalised affinity (`graph_components`, step 2: the
+eigenpairs are computed per component), one O(n^2) pass where scipy's needed a sparse copy
+of a dense matrix (a sixth of the embedding's time at 1024 items). Each level of `trees.flexible_tree` needs the mean, over the leaves of every pair of current
+nodes, of the Euclidean distances between the leaves' diffusion coordinates. Computed as
+scipy's `pdist`, its square form and a sparse membership product, that was three passes over
+an n x n float64 matrix per level, more than half of a 1024-item tree's level time. Here one
+pass over the coordinates gives the node sums, with the same additions in the same order
+(`node_mean_distances`), so the trees are the same to the bit. A module of its own so that
+`trees`, which the reading stages import, does not import numba.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["graph_components", "node_mean_distances"]
+
+
+@numba.njit(cache=True)
+def _components(p):  # pragma: no cover - compiled
+    """Component labels (numbered by their first item) of the graph of p's nonzero entries, p
+    symmetric: a depth-first search over the rows."""
+    n = p.shape[0]
+    label = np.full(n, -1, np.int64)
+    stack = np.empty(n, np.int64)
+    c = 0
+    for s in range(n):
+        if label[s] >= 0:
+            continue
+        label[s] = c
+        stack[0] = s
+        top = 1
+        while top:
+            top -= 1
+            i = stack[top]
+            for j in range(n):
+                if label[j] < 0 and p[i, j] != 0:
+                    label[j] = c
+                    stack[top] = j
+                    top += 1
+        c += 1
+    return c, label
+
+
+def graph_components(p: np.ndarray) -> tuple[int, np.ndarray]:
+    """(number of components, component of each item) of the undirected graph whose edges are
+    the nonzero entries of the symmetric (n, n) `p`; components are numbered in the order of
+    their first item."""
+    return _components(np.ascontiguousarray(p, dtype=np.float64))
+
+
+@numba.njit(parallel=True, cache=True)
+def _node_distance_sums(xt, members, starts):  # pragma: no cover - compiled
+    """sums[b, a] = sum over leaves j of node b (ascending) of (sum over leaves i of node a
+    (ascending) of |x_i - x_j|), each distance the square root of its coordinates' squared
+    differences added in coordinate order; xt is (coordinates, leaves)."""
+    d, n = xt.shape
+    m = len(starts) - 1
+    out = np.empty((m, m))
+    for a in numba.prange(m):
+        col = np.zeros(n)
+        acc = np.empty(n)
+        for t in range(starts[a], starts[a + 1]):
+            i = members[t]
+            acc[:] = 0.0
+            for k in range(d):
+                v = xt[k, i]
+                for j in range(n):
+                    u = v - xt[k, j]
+                    acc[j] += u * u
+            for j in range(n):
+                col[j] += np.sqrt(acc[j])
+        for b in range(m):
+            s = 0.0
+            for t in range(starts[b], starts[b + 1]):
+                s += col[members[t]]
+            out[b, a] = s
+    return out
+
+
+def node_mean_distances(x: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
+    """(m, m) float64: entry [b, a] the mean, over the leaves i of node a and j of node b, of the
+    Euclidean distance between rows x_i and x_j of the (n, d) coordinates `x`; nodes 0..m-1
+    (every one with a leaf). Bit for bit `trees._node_means(squareform(pdist(x)), node_of_leaf)`
+    (tests/test_trees.py): the distances' squared differences are added in coordinate order, as
+    pdist adds them, and the sums over leaves in the sparse product's order (over node a's
+    leaves first, each in ascending order); without the n x n matrix."""
+    node_of_leaf = np.asarray(node_of_leaf, dtype=np.int64)
+    counts = np.bincount(node_of_leaf)
+    members = np.argsort(node_of_leaf, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    sums = _node_distance_sums(np.ascontiguousarray(np.asarray(x, dtype=np.float64).T), members, starts)
+    c = counts.astype(np.float64)
+    return sums / c[:, None] / c[None, :]
