@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["graph_components", "node_mean_distances"]
+__all__ = ["graph_components", "node_mean_distances", "node_means"]
 
 
 @numba.njit(cache=True)
@@ -87,10 +87,49 @@ def node_mean_distances(x: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
     (tests/test_trees.py): the distances' squared differences are added in coordinate order, as
     pdist adds them, and the sums over leaves in the sparse product's order (over node a's
     leaves first, each in ascending order); without the n x n matrix."""
+    members, starts, c = _grouped(node_of_leaf)
+    sums = _node_distance_sums(np.ascontiguousarray(np.asarray(x, dtype=np.float64).T), members, starts)
+    return sums / c[:, None] / c[None, :]
+
+
+def _grouped(node_of_leaf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The leaves grouped by node, each node's in ascending order; where each node's start; the
+    number of leaves of each node (float64)."""
     node_of_leaf = np.asarray(node_of_leaf, dtype=np.int64)
     counts = np.bincount(node_of_leaf)
     members = np.argsort(node_of_leaf, kind="stable")
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    sums = _node_distance_sums(np.ascontiguousarray(np.asarray(x, dtype=np.float64).T), members, starts)
-    c = counts.astype(np.float64)
-    return sums / c[:, None] / c[None, :]
+    return members, starts, counts.astype(np.float64)
+
+
+@numba.njit(parallel=True, cache=True)
+def _node_sums(d, members, starts):  # pragma: no cover - compiled
+    """sums[b, a] = sum over leaves j of node b (ascending) of (sum over leaves i of node a
+    (ascending) of d[i, j])."""
+    n = d.shape[0]
+    m = len(starts) - 1
+    out = np.empty((m, m))
+    for a in numba.prange(m):
+        col = np.zeros(n)
+        for t in range(starts[a], starts[a + 1]):
+            i = members[t]
+            for j in range(n):
+                col[j] += d[i, j]
+        for b in range(m):
+            s = 0.0
+            for t in range(starts[b], starts[b + 1]):
+                s += col[members[t]]
+            out[b, a] = s
+    return out
+
+
+def node_means(d: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
+    """(m, m) float64: entry [b, a] the mean of the (n, n) `d` over the leaves i of node a and j of
+    node b; bit for bit `trees._node_means(d, node_of_leaf)` (the same additions in the sparse
+    product's order), in one pass over d; d transposed (+ 0.0, as the product adds it to 0)
+    where every leaf is its own node, in order (a tree's first level)."""
+    node_of_leaf = np.asarray(node_of_leaf)
+    if np.array_equal(node_of_leaf, np.arange(len(node_of_leaf))):
+        return np.ascontiguousarray(np.asarray(d, dtype=np.float64).T) + 0.0
+    members, starts, c = _grouped(node_of_leaf)
+    return _node_sums(np.ascontiguousarray(d, dtype=np.float64), members, starts) / c[:, None] / c[None, :]

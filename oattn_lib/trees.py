@@ -594,11 +594,11 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
     levels = [np.arange(n)]
     node_of_leaf = np.arange(n)
     lev = 1
-    from .tree_kernels import node_mean_distances  # here: reading trees needs no numba
+    from .tree_kernels import node_mean_distances, node_means  # here: reading trees needs no numba
 
     while node_of_leaf.max() > 0:
         d_node = node_mean_distances(_embedding_coordinates(phi, s, lev), node_of_leaf)
-        group = _greedy_merge(d_node, constant, tiebreak=lambda nodes=node_of_leaf: _node_means(raw(), nodes))
+        group = _greedy_merge(d_node, constant, tiebreak=lambda nodes=node_of_leaf: node_means(raw(), nodes))
         node_of_leaf = group[node_of_leaf]
         levels.append(node_of_leaf.copy())
         lev += 1

@@ -140,16 +140,24 @@ def test_node_mean_distances_are_the_leaf_matrix_means_to_the_bit(n, d, seed):
     decaying over 12 orders of magnitude, as a level's do; nodes of every size, one leaf each."""
     import scipy.spatial.distance
 
-    from oattn_lib.tree_kernels import node_mean_distances
+    from oattn_lib.tree_kernels import node_mean_distances, node_means
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, d)) * np.logspace(0, -12, d)
     if n > 3:
         x[1] = x[0]  # a distance of exactly 0 between two leaves
     node = np.arange(n) if seed % 3 == 0 else np.unique(rng.integers(0, max(1, n // 3), n), return_inverse=True)[1]
-    ref = _node_means(scipy.spatial.distance.squareform(scipy.spatial.distance.pdist(x)), node)
+    d_leaf = scipy.spatial.distance.squareform(scipy.spatial.distance.pdist(x))
+    ref = _node_means(d_leaf, node)
     got = node_mean_distances(x, node)
     assert got.shape == (node.max() + 1,) * 2
     np.testing.assert_array_equal(got, ref)
+    # any matrix (the tie-break's -log affinity is no distance)
+    raw = -np.log(rng.random((n, n)))
+    np.fill_diagonal(raw, -0.0)  # -log(1): the product's sum turns it into 0.0
+    for nodes in (node, np.arange(n)):
+        got = node_means(raw, nodes)
+        np.testing.assert_array_equal(got, _node_means(raw, nodes))
+        assert not np.signbit(got).any()
 
 
 def test_greedy_merge_stops_at_the_median():
