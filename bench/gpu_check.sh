@@ -6,12 +6,12 @@
 # stage's CPU-vs-GPU comparison in tests/test_gpu.py, compute dtypes and device_map of hf models,
 # the EMD kernels on cuda), organize (the organization on cuda against the CPU: the same trees),
 # stages (bench/gpu_stages.py: the LLM preset's per-sample stages and prune on the GPU at 1024
-# tokens, and 3 layers at 4096), extract (bench/gpu_extract.py by compute dtype). Where the
+# tokens), stages4k (3 layers at 4096), extract (bench/gpu_extract.py by compute dtype). Where the
 # Python there lacks a pinned package, wheels in .whl/ (git-ignored) are installed into
 # /tmp/site first.
 set -uo pipefail
 out=${1:-${OUT:-/tmp}}
-parts=${2:-tests,organize,stages,extract}
+parts=${2:-tests,organize,stages,stages4k,extract}
 mkdir -p "$out"
 want() { [[ ",$parts," == *",$1,"* ]]; }
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
@@ -64,6 +64,10 @@ if want stages; then
 echo "== the LLM preset's stages on the GPU"
 timeout 220 python3 bench/gpu_stages.py --tokens 1024 --log "$out/gpu_stages_1024.log" 2>&1 | grep -v "it/s\]" \
     | tee "$out/gpu_stages.txt"
+fi
+
+if want stages4k; then
+echo "== 3 of the LLM's layers at 4096 tokens on the GPU"
 timeout 120 python3 bench/gpu_stages.py --tokens 4096 --layers 3 --stages extract,organize,decompose,entropy,theorem1 \
     --log "$out/gpu_stages_4096.log" 2>&1 | grep -v "it/s\]" | tee -a "$out/gpu_stages.txt"
 fi
