@@ -51,6 +51,16 @@ def graph_components(p: np.ndarray) -> tuple[int, np.ndarray]:
     return _components(np.ascontiguousarray(p, dtype=np.float64))
 
 
+@numba.njit(inline="always")
+def _segment_sums(col, members, starts, out):  # pragma: no cover - compiled
+    """out[b] = the sum of col over node b's leaves, in ascending order from 0."""
+    for b in range(len(starts) - 1):
+        s = 0.0
+        for t in range(starts[b], starts[b + 1]):
+            s += col[members[t]]
+        out[b] = s
+
+
 @numba.njit(parallel=True, cache=True)
 def _node_distance_sums(xt, members, starts):  # pragma: no cover - compiled
     """sums[b, a] = sum over leaves j of node b (ascending) of (sum over leaves i of node a
@@ -72,11 +82,7 @@ def _node_distance_sums(xt, members, starts):  # pragma: no cover - compiled
                     acc[j] += u * u
             for j in range(n):
                 col[j] += np.sqrt(acc[j])
-        for b in range(m):
-            s = 0.0
-            for t in range(starts[b], starts[b + 1]):
-                s += col[members[t]]
-            out[b, a] = s
+        _segment_sums(col, members, starts, out[:, a])
     return out
 
 
@@ -115,11 +121,7 @@ def _node_sums(d, members, starts):  # pragma: no cover - compiled
             i = members[t]
             for j in range(n):
                 col[j] += d[i, j]
-        for b in range(m):
-            s = 0.0
-            for t in range(starts[b], starts[b + 1]):
-                s += col[members[t]]
-            out[b, a] = s
+        _segment_sums(col, members, starts, out[:, a])
     return out
 
 
