@@ -314,10 +314,9 @@ def _top_singular(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     if n_comp == 1:
         return _top_singular_connected(p, k)
     sizes = np.bincount(comp, minlength=n_comp)
-    first = np.full(n_comp, n)
-    np.minimum.at(first, comp, np.arange(n))
     members = np.argsort(comp, kind="stable")  # items grouped by component, in index order
     starts = np.concatenate([[0], np.cumsum(sizes)])
+    first = members[starts[:-1]]
     vals, columns = [], []  # each candidate pair's |eigenvalue|, and its (items, vector)
     for c in np.lexsort((first, -sizes)):  # largest component first
         idx = members[starts[c]:starts[c + 1]]
@@ -363,7 +362,7 @@ def _diffusion_embedding(affinity: np.ndarray, n_eigs: int):
 
 def _embedding_coordinates(phi: np.ndarray, s: np.ndarray, level: int) -> np.ndarray:
     """docs/method.md §2.2 step 3: the items' diffusion coordinates at time t = 2^(level - 1),
-    (n, d) float64, whose Euclidean distances the levels compare (`_embedding_distances`).
+    (n, d) float64, whose Euclidean distances the levels compare (`tree_kernels.node_mean_distances`).
 
     Distances come from coordinate differences (pdist, `tree_kernels`), never as |a|^2 + |b|^2 - 2 a.b:
     that form cancels catastrophically once the coordinates decay, and at the coarse levels of an
@@ -385,14 +384,6 @@ def _embedding_coordinates(phi: np.ndarray, s: np.ndarray, level: int) -> np.nda
     top = float(ss.max())
     scale = ss * (ss / top) ** (t - 1) if top > 0 else ss ** t
     return phi[:, start:] * scale[None, :]
-
-
-def _embedding_distances(phi: np.ndarray, s: np.ndarray, level: int) -> np.ndarray:
-    """(n, n) float64 Euclidean distances between `_embedding_coordinates` (scipy's pdist: the
-    tree's levels take their node means directly, `tree_kernels.node_mean_distances`)."""
-    import scipy.spatial.distance
-
-    return scipy.spatial.distance.squareform(scipy.spatial.distance.pdist(_embedding_coordinates(phi, s, level)))
 
 
 def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
