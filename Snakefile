@@ -10,14 +10,12 @@ from snakemake.utils import min_version
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from oattn_lib.config import ConfigError, disk_problem, validate_config
-from oattn_lib.snakemake_fixes import readable_missing_targets, reserve_lone_jobs
 
-min_version("9.0")
 # Snakemake 9.10-9.16 run a job that is alone among the ready ones without reserving its cores,
-# and so run ever more jobs than --cores; and a target no rule produces is a traceback instead
-# of "No rule to produce" (oattn_lib/snakemake_fixes.py)
-reserve_lone_jobs()
-readable_missing_targets()
+# and so ever more jobs than --cores at once (snakemake/snakemake#4026), and answer a target no
+# rule produces with a traceback (#3644): 9.17.2 (requirements.txt) has both fixed, and
+# tests/test_snakemake_behaviour.py holds it to that
+min_version("9.17.2")
 
 
 configfile: "config.yaml"
