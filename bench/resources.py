@@ -21,11 +21,21 @@ config, given as in Snakemake by config.yaml and --configfile) beside the peaks,
 
     python bench/resources.py results/llm4k --source llm4k --model-jobs \
         --configfile workflow/presets/llm4k.yaml --csv bench/model_jobs.csv
+
+With --fit, the numbers of `oattn_lib.resources` fitted to a record (a linear
+program per rule: memory at least `FIT_FLOOR` and at most `FIT_CEILING` times every peak, the
+sum of the ratios smallest; time at least every measured time, the sum of the ratios
+smallest), printed as the models to put in `MODELS` and `HEAD_JOBS`, or with the model jobs'
+record in `MODEL_JOBS`:
+
+    python bench/resources.py --fit bench/resources.csv
+    python bench/resources.py --fit bench/model_jobs.csv
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import re
 import sys
 from pathlib import Path
@@ -38,7 +48,7 @@ from oattn_lib.resources import (HEAD_JOBS, MODEL_JOBS, MODELS, head_job_memory_
                                  model_job_features, model_job_memory_mb, model_job_runtime_minutes,
                                  prune_passes, runtime_minutes)
 
-_FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+)|_samples\d+-\d+)?\.tsv$")
+_FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+)|_samples(?P<first>\d+)-(?P<last>\d+))?\.tsv$")
 COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds", "head_mb"]
 MODEL_JOB_COLUMNS = ["source", "model", "rule", "sample", "weights_mb", "attention_mb", "logits_mb", "network_mb",
                      "work", "max_rss_mb", "seconds"]
@@ -46,6 +56,11 @@ MODEL_JOB_COLUMNS = ["source", "model", "rule", "sample", "weights_mb", "attenti
 
 def _samples(base: Path) -> list[int]:
     return sorted(int(p.name[6:-5]) for p in (base / "attention").glob("sample*.zarr"))
+
+
+def _replicated_samples(base: Path) -> list[int]:
+    """The samples of a model's stability replicates (one store each)."""
+    return sorted(int(p.name[6:-5]) for p in (base / "stability").glob("sample*.zarr"))
 
 
 def _theorem1_samples(base: Path) -> list[int]:
@@ -78,16 +93,22 @@ def measured(results: Path, source: str) -> list[dict]:
         # each, jobs.explorer_jobs at least the samples) ask what the explorer's model says
         rule = "explorer" if m and m["rule"] in ("explorer_plan", "explorer_samples") else m and m["rule"]
         # stability_sample<k>.tsv reads as rule stability, sample k (a sample's replicates, the
-        # stability model); stability.tsv is the model's table, which asks what the entropy model
-        # says (it reads per-sample summaries)
+        # stability model), and a small model's batch of them (stability_sample.tsv, or
+        # stability_sample_samples<i>-<j>.tsv) as its samples'; stability.tsv is the model's table,
+        # which asks what the entropy model says (it reads per-sample summaries)
         table = rule == "stability" and m["sample"] is None
         if table:
             rule = "entropy"
+        replicates = rule == "stability_sample"
+        if replicates:
+            rule = "stability"
         if rule not in MODELS and rule not in HEAD_JOBS:
             continue
         model, base = path.parent.name, results / path.parent.name
         samples = [0] if m["rule"] == "explorer_plan" else (
             [int(m["sample"])] if m["sample"] is not None else
+            list(range(int(m["first"]), int(m["last"]) + 1)) if m["first"] is not None else
+            _replicated_samples(base) if replicates else
             _theorem1_samples(base) if rule == "theorem1" else _samples(base))
         stores = [base / d / f"sample{k}.zarr" for k in samples for d in ("attention", "organized", "decomposed")]
         if m["rule"] == "explorer" and (base / "explorer" / "plan.json").is_file():
@@ -135,7 +156,8 @@ def measured_model_jobs(results: Path, source: str, config: dict) -> list[dict]:
         if f is None:
             continue
         work = prune_passes(prune) if rule == "prune" else (
-            1 if m["sample"] is not None else len(_samples(results / model["name"])))
+            1 if m["sample"] is not None else int(m["last"]) - int(m["first"]) + 1 if m["first"] is not None
+            else len(_samples(results / model["name"])))
         with path.open() as fh:
             rec = list(csv.DictReader(fh, delimiter="\t"))[-1]
         rows.append({"source": source, "model": model["name"], "rule": rule,
@@ -168,14 +190,113 @@ def _append(path: Path | None, rows: list[dict], columns: list[str]) -> None:
         w.writerows(rows)
 
 
+# --fit: a model's memory between these multiples of every recorded peak (the test holds 1 and 1.5:
+# the margins keep a rerun's slightly higher peak and the rounding up inside them)
+FIT_FLOOR, FIT_CEILING = 1.03, 1.45
+# the memory terms fitted per rule (others: base, tensor and tokens); figures also holds one head's
+# tokens x tokens (the temperature figure's paraproduct)
+# (stability, measured at two lengths only, and entropy, which reads per-level sums: no length term)
+FIT_MEMORY = {"figures": ("base_mb", "mb_per_mb", "per_token", "per_head"), "theorem1": ("base_mb", "per_token"),
+              "stability": ("base_mb", "mb_per_mb"), "entropy": ("base_mb",)}
+
+
+def _tokens_of(head_mb):
+    import numpy as np
+
+    return np.sqrt(np.maximum(head_mb, 0.0) * 1e6 / 8)
+
+
+def _fit_columns(features: dict, names, targets, lo: float, hi: float | None) -> dict:
+    """Nonnegative coefficients c of `names` with lo <= (sum c_n features[n]) / targets <= hi, the
+    sum of those ratios smallest (scipy's linprog); ValueError naming the columns if none exist."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    a = np.stack([np.asarray(features[n], dtype=float) for n in names], axis=1)
+    t = np.asarray(targets, dtype=float)
+    a_ub, b_ub = -a, -lo * t
+    if hi is not None:
+        a_ub, b_ub = np.r_[a_ub, a], np.r_[b_ub, hi * t]
+    res = linprog((a / t[:, None]).sum(axis=0), A_ub=a_ub, b_ub=b_ub, bounds=[(0, None)] * len(names))
+    if not res.success:
+        raise ValueError(f"no {list(names)} within {lo}-{hi} of the record: {res.message}")
+    return dict(zip(names, res.x))
+
+
+def _round_up(x: float) -> float:
+    """x rounded up to 3 significant digits (a model never falls below its fit)."""
+    if x <= 0:
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return float(f"{math.ceil(x / step - 1e-9) * step:.12g}")
+
+
+def fit(record: Path) -> dict:
+    """{rule: JobModel or HeadJob} fitted to the rows of `record` (module docstring, --fit)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from oattn_lib.resources import HeadJob
+
+    rows = pd.read_csv(record)
+    fitted = {}
+    if "weights_mb" in rows:  # bench/model_jobs.csv: the jobs that hold a model
+        from oattn_lib.resources import ModelJob
+
+        for rule in MODEL_JOBS:
+            r = rows[rows["rule"] == rule]
+            if r.empty:
+                continue
+            mem = _fit_columns({"base_mb": 1.0 + 0 * r["work"].to_numpy(float), "per_weight": r["weights_mb"],
+                                "per_attention": r["attention_mb"], "per_logits": r["logits_mb"]},
+                               ("base_mb", "per_weight", "per_attention", "per_logits"), r["max_rss_mb"],
+                               FIT_FLOOR, FIT_CEILING)
+            t = _fit_columns({"base_s": 1.0 + 0 * r["work"].to_numpy(float),
+                              "s_per_mb": r["network_mb"].to_numpy(float) * r["work"].to_numpy(float)},
+                             ("base_s", "s_per_mb"), r["seconds"], 1.0, None)
+            fitted[rule] = ModelJob(**{k: _round_up(v) for k, v in {**mem, **t}.items()})
+        return fitted
+    for rule in [*MODELS, *HEAD_JOBS]:
+        r = rows[rows["rule"] == rule]
+        if r.empty:
+            continue
+        head, tensor = r["head_mb"].to_numpy(float), r["tensor_mb"].to_numpy(float)
+        tokens, work = _tokens_of(head), r["work"].to_numpy(float)
+        names = FIT_MEMORY.get(rule, ("base_mb", "mb_per_mb", "per_token"))
+        mem = _fit_columns({"base_mb": 1.0 + 0 * head, "mb_per_mb": tensor, "per_token": tokens, "per_head": head},
+                           names, r["max_rss_mb"], FIT_FLOOR, FIT_CEILING)
+        mem = {k: _round_up(v) for k, v in mem.items()}
+        if rule in HEAD_JOBS:
+            t = _fit_columns({"base_s": 1.0 + 0 * head, "s_per_head": work,
+                              "s_per_mb_token": work * head * tokens / 1024}, ("base_s", "s_per_head", "s_per_mb_token"),
+                             r["seconds"], 1.0, None)
+            fields = {"per_head": 0.0, **mem, **{k: _round_up(v) for k, v in t.items()}}
+            fitted[rule] = HeadJob(**{f.name: fields.get(f.name, 0.0) for f in dataclasses.fields(HeadJob)})
+        else:
+            old = MODELS[rule]
+            n = work if old.per_sample_time else 1.0
+            t = _fit_columns({"base_s": 1.0 + 0 * head, "s_per_mb": tensor * n, "s_per_mb_token": tensor * n * tokens / 1024},
+                             ("base_s", "s_per_mb", "s_per_mb_token"), r["seconds"], 1.0, None)
+            fitted[rule] = dataclasses.replace(old, **{"per_head": 0.0, **mem, **{k: _round_up(v) for k, v in t.items()}})
+    return fitted
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", type=Path, help="a finished run's results folder")
-    ap.add_argument("--source", required=True, help="a label for the run (default, llm, ...)")
+    ap.add_argument("results", type=Path, nargs="?", help="a finished run's results folder")
+    ap.add_argument("--fit", type=Path, metavar="RECORD", help="fit the models to this record (bench/resources.csv)")
+    ap.add_argument("--source", help="a label for the run (default, llm, ...)")
     ap.add_argument("--csv", type=Path, help="append the measured rows to this CSV")
     ap.add_argument("--model-jobs", action="store_true", help="the extract and prune jobs instead")
     ap.add_argument("--configfile", type=Path, help="the run's --configfile (with --model-jobs)")
     args = ap.parse_args()
+    if args.fit:
+        for rule, model in fit(args.fit).items():
+            print(f"{rule!r}: {model!r},")
+        return
+    if args.results is None or args.source is None:
+        ap.error("a results folder and --source are needed (or --fit RECORD)")
     if args.model_jobs:
         main_model_jobs(args)
         return

@@ -5,12 +5,14 @@ which read one sample at a time) holds a few copies of one sample's network tens
 x stored heads, float32 in memory whatever the store keeps) beside the interpreter and its
 libraries. Its peak resident memory is modelled as `base + factor x` the tensor's size, the size
 read from the job's input stores (their largest array, counted as float32; the headers only,
-nothing is loaded), plus, for organize and figures, one head's tokens x tokens as float64 (their
-affinities, the temperature figure's paraproduct: what grows with the length whatever the
-number of heads, `largest_head_mb`). The numbers of each rule are fitted to peaks measured by
+nothing is loaded), plus a term in the number of tokens (what grows with the length whatever
+the number of heads: trees, sweeps and one head at a time; measured, it grows about linearly
+over 1024-4096 tokens, where a term in one head's tokens x tokens over-asked 2-4 times at
+4096) and, for figures, one head's tokens x tokens as float64 (the temperature figure's
+paraproduct, `largest_head_mb`). The numbers of each rule are fitted to peaks measured by
 Snakemake's benchmarks (`bench/resources.py` lists them, `bench/resources.csv` records them): the default run
 (64-128 tokens, where the base is most of it), SmolLM2 at 1024 tokens (where the factor is) and
-3 of its layers at 1024, 2048 and 4096 tokens (where the head term is).
+3 of its layers at 1024, 2048 and 4096 tokens (where the length terms are).
 The entropy job reads only the coarsest coefficients and the level sums of each sample
 (docs/method.md §6.6), so its memory is the base alone. The model is held to within 1.5 times
 every recorded peak and never below it
@@ -31,8 +33,11 @@ budget). Their run time grows with the network's attention (layers x heads x tok
 samples (extract) or the masked passes (prune). These are fitted to `bench/model_jobs.csv`
 (`python bench/resources.py --model-jobs`) and held to it the same way.
 
-The theorem1 job (`HEAD_JOBS`) reads one head at a time: its memory is one head's tokens x tokens
-beyond the base, its time the head-samples it measures (`theorem1_head_samples`: every sample's
+`python bench/resources.py --fit bench/resources.csv` fits the analysis and theorem1 models to the
+record (a linear program per rule) and prints them; the numbers below are its output.
+
+The theorem1 job (`HEAD_JOBS`) reads one head at a time: its memory is a term in the head's length
+beyond the base (measured, it grows about linearly over 1024-4096 tokens), its time the head-samples it measures (`theorem1_head_samples`: every sample's
 heads, at most `theorem1.max_heads` each) times a cost per head that grows with the length. Its
 rows of bench/resources.csv count head-samples as their `work`. Training keeps the
 profile's `resources.gpu_mem_mb` and `gpu_runtime`: only the project's small models train here,
@@ -61,8 +66,8 @@ MIN_RUNTIME = 10
 
 @dataclass(frozen=True)
 class JobModel:
-    """Peak memory (MB) = base_mb + mb_per_mb x tensor MB + per_head x head MB (one head's tokens x
-    tokens as float64: what grows with the length whatever the number of heads); wall time (s, one
+    """Peak memory (MB) = base_mb + mb_per_mb x tensor MB + per_token x tokens + per_head x head MB
+    (one head's tokens x tokens as float64; tokens from the head's size); wall time (s, one
     thread) = base_s + (s_per_mb + s_per_mb_token x tokens / 1024) x tensor MB (per sample for the
     rules that loop over samples; tokens from the head's size): the questionnaire's pairwise
     distances grow as tokens^3 x heads, one more power of the length than the tensor."""
@@ -74,23 +79,24 @@ class JobModel:
     per_sample_time: bool = False
     per_head: float = 0.0
     s_per_mb_token: float = 0.0
+    per_token: float = 0.0
 
 
-# Fitted to bench/resources.csv (see the module's docstring); a rule not listed here keeps the
-# profile's default resources.
+# Fitted to bench/resources.csv (`python bench/resources.py --fit bench/resources.csv`; see the
+# module's docstring); a rule not listed here keeps the profile's default resources.
 MODELS = {
-    # organize: its affinities and their eigenvectors (tokens x tokens, float64) beside the tensor
-    "organize": JobModel(950.0, 1.9, 30.0, 0.05, per_sample_time=True, per_head=3.0, s_per_mb_token=0.25),
-    "decompose": JobModel(950.0, 3.8, 30.0, 0.05, per_sample_time=True, s_per_mb_token=0.13),
-    "entropy": JobModel(180.0, 0.0, 20.0, 0.03, per_sample_time=True),
-    "organize2d": JobModel(950.0, 0.6, 30.0, 0.25, per_sample_time=True),
-    "stability": JobModel(1000.0, 3.8, 60.0, 0.6, per_sample_time=True),
+    # organize: its affinities and their eigenvectors beside the tensor
+    "organize": JobModel(1180.0, 1.5, 5.97, 0.0283, per_sample_time=True, s_per_mb_token=0.0495, per_token=0.123),
+    "decompose": JobModel(1160.0, 0.833, 7.5, 0.0, per_sample_time=True, s_per_mb_token=0.0489, per_token=1.05),
+    "entropy": JobModel(188.0, 0.0, 1.28, 0.0, per_sample_time=True, s_per_mb_token=0.000161),
+    "organize2d": JobModel(1190.0, 0.18, 10.5, 0.0275, per_sample_time=True),
+    "stability": JobModel(1310.0, 3.64, 10.1, 0.0513, per_sample_time=True, s_per_mb_token=0.0102),
     # figures: the temperature figure's paraproduct holds its block means of every pair of levels
     # and a few temporaries of one head (float64), whatever the number of heads
-    "figures": JobModel(950.0, 1.8, 30.0, 0.4, per_head=35.0),
+    "figures": JobModel(1090.0, 0.0, 8.56, 0.141, per_head=43.8, s_per_mb_token=0.00803, per_token=0.506),
     # also the explorer_plan and explorer_sample jobs of a model of one job per sample: each holds
     # what the page job holds of one sample (it reads and encodes it)
-    "explorer": JobModel(950.0, 3.5, 30.0, 0.25, per_sample_time=True),
+    "explorer": JobModel(1010.0, 1.45, 4.63, 0.0451, per_sample_time=True, per_token=0.366),
 }
 
 
@@ -172,7 +178,8 @@ def memory_mb(rule: str, tensor_mb: float, attempt: int = 1, head_mb: float = 0.
     """The memory (MB) a job of `rule` asks for, one sample's tensor of `tensor_mb` at a time, one
     head of `head_mb` (`largest_head_mb`)."""
     m = _model(rule)
-    return int(math.ceil((m.base_mb + m.mb_per_mb * tensor_mb + m.per_head * head_mb) * GROWTH ** (attempt - 1)))
+    mb = m.base_mb + m.mb_per_mb * tensor_mb + m.per_token * _tokens(head_mb) + m.per_head * head_mb
+    return int(math.ceil(mb * GROWTH ** (attempt - 1)))
 
 
 def runtime_minutes(rule: str, tensor_mb: float, n_samples: int = 1, attempt: int = 1, head_mb: float = 0.0) -> int:
@@ -195,8 +202,9 @@ def stored_heads(paths) -> int:
 # -- jobs that measure heads one after another: theorem1 ---------------------------------------
 @dataclass(frozen=True)
 class HeadJob:
-    """Peak memory (MB) = base_mb + per_head x one head's MB (tokens x tokens as float64: the head
-    read, its 2-D questionnaire's affinities, the paraproducts' terms); wall time (s) = base_s +
+    """Peak memory (MB) = base_mb + per_token x tokens + per_head x one head's MB (tokens x tokens as
+    float64: the head read, its 2-D questionnaire's affinities, the paraproducts' terms; tokens from
+    the head's size); wall time (s) = base_s +
     head-samples x (s_per_head + s_per_mb_token x head MB x tokens / 1024): each head's 2-D
     questionnaire and paraproducts, whose pairwise distances grow as tokens^3, after a cost per
     head that is most of it at 64-128 tokens."""
@@ -206,11 +214,12 @@ class HeadJob:
     base_s: float
     s_per_head: float
     s_per_mb_token: float
+    per_token: float = 0.0
 
 
 # Fitted to the theorem1 rows of bench/resources.csv (`work`: the head-samples measured): the
-# default run's four models (64-128 tokens) and SmolLM2 at 1024 tokens.
-HEAD_JOBS = {"theorem1": HeadJob(950.0, 110.0, 20.0, 0.45, 1.45)}
+# default run's four models (64-128 tokens) and SmolLM2 at 1024 (270 and 27 heads), 2048 and 4096 tokens.
+HEAD_JOBS = {"theorem1": HeadJob(1040.0, 0.0, 0.0, 0.395, 1.36, per_token=0.752)}
 
 
 def theorem1_head_samples(n_heads: int, n_samples: int, max_heads: int) -> int:
@@ -226,7 +235,8 @@ def _head_job(rule: str) -> HeadJob:
 def head_job_memory_mb(rule: str, head_mb: float, attempt: int = 1) -> int:
     """The memory (MB) a job of `rule` (theorem1) asks for, one head of `head_mb` (`largest_head_mb`) at a time."""
     m = _head_job(rule)
-    return int(math.ceil((m.base_mb + m.per_head * head_mb) * GROWTH ** (attempt - 1)))
+    mb = m.base_mb + m.per_token * _tokens(head_mb) + m.per_head * head_mb
+    return int(math.ceil(mb * GROWTH ** (attempt - 1)))
 
 
 def head_job_runtime_minutes(rule: str, head_mb: float, head_samples: int, attempt: int = 1) -> int:
@@ -258,11 +268,11 @@ class ModelJob:
     s_per_mb: float
 
 
-# Fitted to bench/model_jobs.csv: the default run's four models (64-128 tokens) and SmolLM2 at
-# 1024 and 4096 tokens.
+# Fitted to bench/model_jobs.csv (`python bench/resources.py --fit bench/model_jobs.csv`): the
+# default run's four models (64-128 tokens) and SmolLM2 at 1024 and 4096 tokens.
 MODEL_JOBS = {
-    "extract": ModelJob(850.0, 1.3, 4.5, 0.0, 60.0, 0.01),
-    "prune": ModelJob(1000.0, 2.2, 2.5, 3.0, 120.0, 0.005),
+    "extract": ModelJob(1190.0, 1.01, 3.11, 0.0, 12.4, 0.0114),
+    "prune": ModelJob(1200.0, 2.57, 0.248, 2.11, 22.7, 0.0165),
 }
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")

@@ -24,9 +24,10 @@ def test_the_record_covers_every_modelled_stage_at_small_and_llm_sizes():
         rows = MEASURED[MEASURED["rule"] == stage]
         assert rows["tensor_mb"].max() > 1000, f"{stage}: no measurement at 1024 tokens x 270 heads"
         assert rows["tensor_mb"].min() < 20, f"{stage}: no measurement of a small model"
-    # the head term's stages, at 4096 tokens (one head 134 MB as float64)
-    for stage in ("organize", "figures"):
-        assert MEASURED[MEASURED["rule"] == stage]["head_mb"].max() > 100, stage
+    # the stages with a term in the length: measured up to 4096 tokens (one head 134 MB as float64)
+    for stage, model in {**resources.MODELS, **resources.HEAD_JOBS}.items():
+        if model.per_token or model.per_head:
+            assert MEASURED[MEASURED["rule"] == stage]["head_mb"].max() > 100, stage
     # the jobs measuring heads: at 64-128 tokens and at 1024 (one head 8.4 MB as float64)
     for stage in resources.HEAD_JOBS:
         rows = MEASURED[MEASURED["rule"] == stage]
@@ -51,6 +52,39 @@ def test_run_time_asks_at_least_the_margin_over_the_measured_time(row):
     else:
         minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"])
     assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
+
+
+def test_the_fit_of_the_record_holds_every_row_of_it(monkeypatch):
+    """bench/resources.py --fit, which gave the models: what it fits to each record (the analysis
+    and theorem1 jobs', the model jobs') asks at least every recorded peak and at most 1.5 times
+    it, and at least the recorded time with the margin."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_resources", BENCH / "resources.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    fitted = bench.fit(BENCH / "resources.csv")
+    assert set(fitted) == set(resources.MODELS) | set(resources.HEAD_JOBS)
+    for rule, model in fitted.items():
+        monkeypatch.setitem(resources.HEAD_JOBS if rule in resources.HEAD_JOBS else resources.MODELS, rule, model)
+    for row in MEASURED.to_dict("records"):
+        if row["rule"] in resources.HEAD_JOBS:
+            ask = resources.head_job_memory_mb(row["rule"], row["head_mb"])
+            minutes = resources.head_job_runtime_minutes(row["rule"], row["head_mb"], int(row["work"]))
+        else:
+            ask = resources.memory_mb(row["rule"], row["tensor_mb"], head_mb=row["head_mb"])
+            minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"])
+        assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
+        assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
+    fitted = bench.fit(BENCH / "model_jobs.csv")
+    assert set(fitted) == set(resources.MODEL_JOBS)
+    for rule, model in fitted.items():
+        monkeypatch.setitem(resources.MODEL_JOBS, rule, model)
+    for row in MODEL_JOBS.to_dict("records"):
+        ask = resources.model_job_memory_mb(row["rule"], row)
+        assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
+        minutes = resources.model_job_runtime_minutes(row["rule"], row, int(row["work"]))
+        assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
 def test_a_retry_asks_for_more_each_time():
