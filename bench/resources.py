@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oattn_lib.resources import (HEAD_JOBS, MODEL_JOBS, MODELS, head_job_memory_mb,  # noqa: E402
+from oattn_lib.resources import (HEAD_JOBS, MODEL_JOBS, MODELS, head_job_memory_mb, head_tokens,  # noqa: E402
                                  head_job_runtime_minutes, largest_array_mb, largest_head_mb, memory_mb,
                                  model_job_features, model_job_memory_mb, model_job_runtime_minutes,
                                  prune_passes, runtime_minutes)
@@ -200,12 +200,6 @@ FIT_MEMORY = {"figures": ("base_mb", "mb_per_mb", "per_token", "per_head"), "the
               "stability": ("base_mb", "mb_per_mb"), "entropy": ("base_mb",)}
 
 
-def _tokens_of(head_mb):
-    import numpy as np
-
-    return np.sqrt(np.maximum(head_mb, 0.0) * 1e6 / 8)
-
-
 def _fit_columns(features: dict, names, targets, lo: float, hi: float | None) -> dict:
     """Nonnegative coefficients c of `names` with lo <= (sum c_n features[n]) / targets <= hi, the
     sum of those ratios smallest (scipy's linprog); ValueError naming the columns if none exist."""
@@ -235,6 +229,7 @@ def fit(record: Path) -> dict:
     """{rule: JobModel or HeadJob} fitted to the rows of `record` (module docstring, --fit)."""
     import dataclasses
 
+    import numpy as np
     import pandas as pd
 
     from oattn_lib.resources import HeadJob
@@ -248,11 +243,11 @@ def fit(record: Path) -> dict:
             r = rows[rows["rule"] == rule]
             if r.empty:
                 continue
-            mem = _fit_columns({"base_mb": 1.0 + 0 * r["work"].to_numpy(float), "per_weight": r["weights_mb"],
+            mem = _fit_columns({"base_mb": np.ones(len(r)), "per_weight": r["weights_mb"],
                                 "per_attention": r["attention_mb"], "per_logits": r["logits_mb"]},
                                ("base_mb", "per_weight", "per_attention", "per_logits"), r["max_rss_mb"],
                                FIT_FLOOR, FIT_CEILING)
-            t = _fit_columns({"base_s": 1.0 + 0 * r["work"].to_numpy(float),
+            t = _fit_columns({"base_s": np.ones(len(r)),
                               "s_per_mb": r["network_mb"].to_numpy(float) * r["work"].to_numpy(float)},
                              ("base_s", "s_per_mb"), r["seconds"], 1.0, None)
             fitted[rule] = ModelJob(**{k: _round_up(v) for k, v in {**mem, **t}.items()})
@@ -262,13 +257,13 @@ def fit(record: Path) -> dict:
         if r.empty:
             continue
         head, tensor = r["head_mb"].to_numpy(float), r["tensor_mb"].to_numpy(float)
-        tokens, work = _tokens_of(head), r["work"].to_numpy(float)
+        tokens, work = np.array([head_tokens(h) for h in head]), r["work"].to_numpy(float)
         names = FIT_MEMORY.get(rule, ("base_mb", "mb_per_mb", "per_token"))
-        mem = _fit_columns({"base_mb": 1.0 + 0 * head, "mb_per_mb": tensor, "per_token": tokens, "per_head": head},
+        mem = _fit_columns({"base_mb": np.ones(len(r)), "mb_per_mb": tensor, "per_token": tokens, "per_head": head},
                            names, r["max_rss_mb"], FIT_FLOOR, FIT_CEILING)
         mem = {k: _round_up(v) for k, v in mem.items()}
         if rule in HEAD_JOBS:
-            t = _fit_columns({"base_s": 1.0 + 0 * head, "s_per_head": work,
+            t = _fit_columns({"base_s": np.ones(len(r)), "s_per_head": work,
                               "s_per_mb_token": work * head * tokens / 1024}, ("base_s", "s_per_head", "s_per_mb_token"),
                              r["seconds"], 1.0, None)
             fields = {"per_head": 0.0, **mem, **{k: _round_up(v) for k, v in t.items()}}
@@ -276,7 +271,7 @@ def fit(record: Path) -> dict:
         else:
             old = MODELS[rule]
             n = work if old.per_sample_time else 1.0
-            t = _fit_columns({"base_s": 1.0 + 0 * head, "s_per_mb": tensor * n, "s_per_mb_token": tensor * n * tokens / 1024},
+            t = _fit_columns({"base_s": np.ones(len(r)), "s_per_mb": tensor * n, "s_per_mb_token": tensor * n * tokens / 1024},
                              ("base_s", "s_per_mb", "s_per_mb_token"), r["seconds"], 1.0, None)
             fitted[rule] = dataclasses.replace(old, **{"per_head": 0.0, **mem, **{k: _round_up(v) for k, v in t.items()}})
     return fitted

@@ -37,8 +37,9 @@ samples (extract) or the masked passes (prune). These are fitted to `bench/model
 record (a linear program per rule) and prints them; the numbers below are its output.
 
 The theorem1 job (`HEAD_JOBS`) reads one head at a time: its memory is a term in the head's length
-beyond the base (measured, it grows about linearly over 1024-4096 tokens), its time the head-samples it measures (`theorem1_head_samples`: every sample's
-heads, at most `theorem1.max_heads` each) times a cost per head that grows with the length. Its
+beyond the base (measured, it grows about linearly over 1024-4096 tokens), its time the
+head-samples it measures (`theorem1_head_samples`: every sample's heads, at most
+`theorem1.max_heads` each) times a cost per head that grows with the length. Its
 rows of bench/resources.csv count head-samples as their `work`. Training keeps the
 profile's `resources.gpu_mem_mb` and `gpu_runtime`: only the project's small models train here,
 too few sizes to fit a model to.
@@ -50,7 +51,7 @@ import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "largest_head_mb",
+__all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "largest_head_mb", "head_tokens",
            "memory_mb", "stored_heads", "HeadJob", "HEAD_JOBS", "theorem1_head_samples", "head_job_memory_mb",
            "head_job_runtime_minutes",
            "runtime_minutes", "ModelJob", "MODEL_JOBS", "EVAL_BUDGET_MB", "parameter_count", "model_job_features",
@@ -157,7 +158,7 @@ def largest_head_mb(paths) -> float:
     return max((shape[-1] * shape[-2] for shape in _head_shapes(paths)), default=0) * 8 / 1e6
 
 
-def _tokens(head_mb: float) -> float:
+def head_tokens(head_mb: float) -> float:
     """The side of a square head of `head_mb` (float64), in tokens."""
     return math.sqrt(max(head_mb, 0.0) * 1e6 / 8)
 
@@ -178,7 +179,7 @@ def memory_mb(rule: str, tensor_mb: float, attempt: int = 1, head_mb: float = 0.
     """The memory (MB) a job of `rule` asks for, one sample's tensor of `tensor_mb` at a time, one
     head of `head_mb` (`largest_head_mb`)."""
     m = _model(rule)
-    mb = m.base_mb + m.mb_per_mb * tensor_mb + m.per_token * _tokens(head_mb) + m.per_head * head_mb
+    mb = m.base_mb + m.mb_per_mb * tensor_mb + m.per_token * head_tokens(head_mb) + m.per_head * head_mb
     return int(math.ceil(mb * GROWTH ** (attempt - 1)))
 
 
@@ -186,7 +187,7 @@ def runtime_minutes(rule: str, tensor_mb: float, n_samples: int = 1, attempt: in
     """The run time (minutes) a job of `rule` asks for: `n_samples` samples of `tensor_mb` each
     for the rules that analyse one sample after another, of heads of `head_mb` (`largest_head_mb`)."""
     m = _model(rule)
-    tokens = _tokens(head_mb)
+    tokens = head_tokens(head_mb)
     per_mb = m.s_per_mb + m.s_per_mb_token * tokens / 1024
     seconds = m.base_s + per_mb * tensor_mb * (n_samples if m.per_sample_time else 1)
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
@@ -204,8 +205,7 @@ def stored_heads(paths) -> int:
 class HeadJob:
     """Peak memory (MB) = base_mb + per_token x tokens + per_head x one head's MB (tokens x tokens as
     float64: the head read, its 2-D questionnaire's affinities, the paraproducts' terms; tokens from
-    the head's size); wall time (s) = base_s +
-    head-samples x (s_per_head + s_per_mb_token x head MB x tokens / 1024): each head's 2-D
+    the head's size); wall time (s) = base_s + head-samples x (s_per_head + s_per_mb_token x head MB x tokens / 1024): each head's 2-D
     questionnaire and paraproducts, whose pairwise distances grow as tokens^3, after a cost per
     head that is most of it at 64-128 tokens."""
 
@@ -235,7 +235,7 @@ def _head_job(rule: str) -> HeadJob:
 def head_job_memory_mb(rule: str, head_mb: float, attempt: int = 1) -> int:
     """The memory (MB) a job of `rule` (theorem1) asks for, one head of `head_mb` (`largest_head_mb`) at a time."""
     m = _head_job(rule)
-    mb = m.base_mb + m.per_token * _tokens(head_mb) + m.per_head * head_mb
+    mb = m.base_mb + m.per_token * head_tokens(head_mb) + m.per_head * head_mb
     return int(math.ceil(mb * GROWTH ** (attempt - 1)))
 
 
@@ -243,7 +243,7 @@ def head_job_runtime_minutes(rule: str, head_mb: float, head_samples: int, attem
     """The run time (minutes) a job of `rule` (theorem1) asks for: `head_samples` heads of `head_mb`
     (`theorem1_head_samples`)."""
     m = _head_job(rule)
-    tokens = _tokens(head_mb)
+    tokens = head_tokens(head_mb)
     seconds = m.base_s + head_samples * (m.s_per_head + m.s_per_mb_token * head_mb * tokens / 1024)
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
 

@@ -19,6 +19,21 @@ MEASURED = pd.read_csv(BENCH / "resources.csv")
 MODEL_JOBS = pd.read_csv(BENCH / "model_jobs.csv")
 
 
+def _asks(row) -> tuple[int, int]:
+    """(memory MB, minutes) the job of a row of bench/resources.csv asks for, by the models now."""
+    if row["rule"] in resources.HEAD_JOBS:
+        return (resources.head_job_memory_mb(row["rule"], row["head_mb"]),
+                resources.head_job_runtime_minutes(row["rule"], row["head_mb"], int(row["work"])))
+    return (resources.memory_mb(row["rule"], row["tensor_mb"], head_mb=row["head_mb"]),
+            resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"]))
+
+
+def _model_job_asks(row) -> tuple[int, int]:
+    """(memory MB, minutes) the job of a row of bench/model_jobs.csv asks for."""
+    return (resources.model_job_memory_mb(row["rule"], row),
+            resources.model_job_runtime_minutes(row["rule"], row, int(row["work"])))
+
+
 def test_the_record_covers_every_modelled_stage_at_small_and_llm_sizes():
     for stage in resources.MODELS:
         rows = MEASURED[MEASURED["rule"] == stage]
@@ -37,20 +52,14 @@ def test_the_record_covers_every_modelled_stage_at_small_and_llm_sizes():
 @pytest.mark.parametrize("row", MEASURED.to_dict("records"),
                          ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
 def test_memory_is_never_below_a_measured_peak_and_within_one_and_a_half_of_it(row):
-    if row["rule"] in resources.HEAD_JOBS:
-        ask = resources.head_job_memory_mb(row["rule"], row["head_mb"])
-    else:
-        ask = resources.memory_mb(row["rule"], row["tensor_mb"], head_mb=row["head_mb"])
+    ask, _ = _asks(row)
     assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
 
 
 @pytest.mark.parametrize("row", MEASURED.to_dict("records"),
                          ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
 def test_run_time_asks_at_least_the_margin_over_the_measured_time(row):
-    if row["rule"] in resources.HEAD_JOBS:
-        minutes = resources.head_job_runtime_minutes(row["rule"], row["head_mb"], int(row["work"]))
-    else:
-        minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"])
+    _, minutes = _asks(row)
     assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
@@ -68,12 +77,7 @@ def test_the_fit_of_the_record_holds_every_row_of_it(monkeypatch):
     for rule, model in fitted.items():
         monkeypatch.setitem(resources.HEAD_JOBS if rule in resources.HEAD_JOBS else resources.MODELS, rule, model)
     for row in MEASURED.to_dict("records"):
-        if row["rule"] in resources.HEAD_JOBS:
-            ask = resources.head_job_memory_mb(row["rule"], row["head_mb"])
-            minutes = resources.head_job_runtime_minutes(row["rule"], row["head_mb"], int(row["work"]))
-        else:
-            ask = resources.memory_mb(row["rule"], row["tensor_mb"], head_mb=row["head_mb"])
-            minutes = resources.runtime_minutes(row["rule"], row["tensor_mb"], int(row["work"]), head_mb=row["head_mb"])
+        ask, minutes = _asks(row)
         assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
         assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
     fitted = bench.fit(BENCH / "model_jobs.csv")
@@ -81,9 +85,8 @@ def test_the_fit_of_the_record_holds_every_row_of_it(monkeypatch):
     for rule, model in fitted.items():
         monkeypatch.setitem(resources.MODEL_JOBS, rule, model)
     for row in MODEL_JOBS.to_dict("records"):
-        ask = resources.model_job_memory_mb(row["rule"], row)
+        ask, minutes = _model_job_asks(row)
         assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
-        minutes = resources.model_job_runtime_minutes(row["rule"], row, int(row["work"]))
         assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
@@ -215,9 +218,8 @@ def test_the_model_jobs_record_covers_both_rules_from_small_models_to_4096_token
 @pytest.mark.parametrize("row", MODEL_JOBS.to_dict("records"),
                          ids=lambda r: f"{r['source']}-{r['model']}-{r['rule']}-{r['sample']}")
 def test_a_model_job_asks_at_least_its_measured_peak_and_at_most_one_and_a_half_times_it(row):
-    ask = resources.model_job_memory_mb(row["rule"], row)
+    ask, minutes = _model_job_asks(row)
     assert row["max_rss_mb"] <= ask <= 1.5 * row["max_rss_mb"], (ask, row)
-    minutes = resources.model_job_runtime_minutes(row["rule"], row, int(row["work"]))
     assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
