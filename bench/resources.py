@@ -2,7 +2,8 @@
 `oattn_lib.resources` asks a cluster for.
 
 For every benchmark file of a modelled rule (`<results>/benchmarks/<model>/<rule>[_sample<k>].tsv`,
-Snakemake's `benchmark:` directive: peak RSS `max_rss` in MB, wall seconds `s`), the job's tensor
+Snakemake's `benchmark:` directive: peak RSS `max_rss` in MB, wall seconds `s`; the peak is the
+larger of that sample and the high-water mark the job's log ends with, `peak_mb`), the job's tensor
 size is read from the headers of the model's stores (`largest_array_mb`: sample k's stores for a
 per-sample job, every sample's for a job of all samples) and its work counted in samples (for
 a stability_sample job, benchmark stability_sample<k>.tsv: its sample's replicates; for
@@ -47,6 +48,7 @@ from oattn_lib.resources import (HEAD_JOBS, MODEL_JOBS, MODELS, head_job_memory_
                                  head_job_runtime_minutes, largest_array_mb, largest_head_mb, memory_mb,
                                  model_job_features, model_job_memory_mb, model_job_runtime_minutes,
                                  prune_passes, runtime_minutes)
+from oattn_lib.runtime import read_job_usage  # noqa: E402
 
 _FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+)|_samples(?P<first>\d+)-(?P<last>\d+))?\.tsv$")
 COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds", "head_mb"]
@@ -85,6 +87,14 @@ def _work(rule: str, base: Path, samples: list[int]) -> int:
     return len(samples)
 
 
+def peak_mb(results: Path, bench: Path, rec: dict) -> float:
+    """A job's peak resident memory: the larger of Snakemake's sampled `max_rss` (every 30 s
+    after the first 15 s, so it can miss the peak) and the whole job's high-water mark its log
+    ends with (`runtime.job_usage`), where it does."""
+    usage = read_job_usage((results / "logs" / bench.relative_to(results / "benchmarks")).with_suffix(".log"))
+    return max(float(rec["max_rss"]), usage["peak_rss_mb"]) if usage else float(rec["max_rss"])
+
+
 def measured(results: Path, source: str) -> list[dict]:
     rows = []
     for path in sorted((results / "benchmarks").glob("*/*.tsv")):
@@ -120,7 +130,7 @@ def measured(results: Path, source: str) -> list[dict]:
         rows.append({"source": source, "model": model, "rule": rule,
                      "sample": "all" if len(samples) > 1 else str(samples[0]),
                      "tensor_mb": round(largest_array_mb(stores), 3), "work": _work(rule, base, samples),
-                     "max_rss_mb": float(rec["max_rss"]), "seconds": float(rec["s"]),
+                     "max_rss_mb": peak_mb(results, path, rec), "seconds": float(rec["s"]),
                      "head_mb": round(largest_head_mb(stores), 3)})
     return rows
 
@@ -163,7 +173,7 @@ def measured_model_jobs(results: Path, source: str, config: dict) -> list[dict]:
         rows.append({"source": source, "model": model["name"], "rule": rule,
                      "sample": m["sample"] if m["sample"] is not None else "all",
                      **{k: round(v, 3) for k, v in f.items()}, "work": work,
-                     "max_rss_mb": float(rec["max_rss"]), "seconds": float(rec["s"])})
+                     "max_rss_mb": peak_mb(results, path, rec), "seconds": float(rec["s"])})
     return rows
 
 

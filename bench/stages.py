@@ -9,6 +9,12 @@ job's start-up (interpreter, Snakemake's preamble and imports, until the stage b
 from the first line of its log (`<results>/logs/<model>/<rule>[_sample<k>].log`, written by
 `runtime.setup_logging`): the stages' total and their largest.
 
+Snakemake samples a job every 0.5 s for 15 s, then every 30 s: its `cpu_time` stops at the
+last sample (a 40-second job's at 15 s) and its `max_rss` misses a peak between samples. A
+job's log ends with what the kernel counted for the whole job (`runtime.job_usage`): where it
+does, the CPU time is the log's and the peak the larger of the two; the summary line says for
+how many jobs.
+
     python bench/stages.py results/llm
     python bench/stages.py results --json
 
@@ -26,6 +32,11 @@ import re
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from oattn_lib.runtime import read_job_usage  # noqa: E402
 
 _SAMPLE = re.compile(r"_(?:sample|part)\d+$|_samples\d+-\d+$")
 _STARTUP = re.compile(r" start-up (\d+(?:\.\d+)?) s")
@@ -60,7 +71,14 @@ def read_benchmarks(results: Path) -> dict[tuple[str, str], list[dict]]:
             raise ValueError(f"{path}: no column {exc} (not a Snakemake benchmark file)") from None
         rel = path.relative_to(root)
         model = "/".join(rel.parts[:-1]) or "-"
-        job["startup"] = startup_seconds((results / "logs" / rel).with_suffix(".log"))
+        log = (results / "logs" / rel).with_suffix(".log")
+        job["startup"] = startup_seconds(log)
+        usage = read_job_usage(log)
+        job["from_log"] = usage is not None
+        if usage is not None:
+            job["cpu_time"] = usage["cpu_s"]
+            job["max_rss"] = max(job["max_rss"], usage["peak_rss_mb"]) if job["max_rss"] == job["max_rss"] \
+                else usage["peak_rss_mb"]
         rows[(model, _SAMPLE.sub("", path.stem))].append(job)
     return rows
 
@@ -74,6 +92,7 @@ def summarise(rows: dict[tuple[str, str], list[dict]]) -> list[dict]:
                     "cpu_s": round(sum(j["cpu_time"] for j in jobs), 1),
                     "peak_rss_mb": round(max(j["max_rss"] for j in jobs)),
                     "startup_s": round(sum(j["startup"] for j in jobs), 1),
+                    "logged": sum(j["from_log"] for j in jobs),
                     "startup_max_s": round(max((j["startup"] for j in jobs if j["startup"] == j["startup"]),
                                                default=float("nan")), 2)})
     return out
@@ -103,7 +122,8 @@ def main(argv=None) -> int:
         print(f"\n{sum(r['jobs'] for r in table)} jobs, wall time summed over jobs "
               f"{sum(r['wall_s'] for r in table):.0f} s, CPU {sum(r['cpu_s'] for r in table):.0f} s, "
               f"start-up {sum(r['startup_s'] for r in table if r['startup_s'] == r['startup_s']):.0f} s, "
-              f"largest peak RSS {max(r['peak_rss_mb'] for r in table)} MB")
+              f"largest peak RSS {max(r['peak_rss_mb'] for r in table)} MB; CPU and peaks of "
+              f"{sum(r['logged'] for r in table)} jobs from their logs, the others' from Snakemake's samples")
     return 0
 
 

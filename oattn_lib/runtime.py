@@ -8,13 +8,15 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 log = logging.getLogger("oattn")
 
-__all__ = ["setup_logging", "resolve_device", "startup_seconds", "cap_threads", "kernel_stats", "KERNEL_MODULES"]
+__all__ = ["setup_logging", "resolve_device", "startup_seconds", "cap_threads", "kernel_stats", "KERNEL_MODULES",
+           "job_usage", "read_job_usage"]
 
 # the imports that dominate a job's start-up, named in its log's first line
 HEAVY_MODULES = ("torch", "numba", "transformers", "torchvision", "matplotlib", "plotly")
@@ -76,7 +78,11 @@ def setup_logging(log_path: str | os.PathLike | None, threads: int | None = None
         previous(exc_type, exc, tb)
 
     sys.excepthook = log_uncaught
-    atexit.register(_log_kernels)
+    # once per process however often it is set up; atexit runs last-in first-out, so the usage
+    # is the log's last line
+    for at_exit in (_log_usage, _log_kernels):
+        atexit.unregister(at_exit)
+        atexit.register(at_exit)
     heavy = [m for m in HEAVY_MODULES if m in sys.modules]
     log.info("start-up %.2f s (interpreter, imports; loaded: %s)", startup_seconds(), ", ".join(heavy) or "none")
     return log
@@ -114,6 +120,55 @@ def _log_kernels() -> None:
     loaded, compiled = sum(s["loaded"] for s in stats), sum(s["compiled"] for s in stats)
     if loaded or compiled:
         log.info("numba kernels: %d loaded from the cache, %d compiled", loaded, compiled)
+
+
+def job_usage() -> dict[str, float]:
+    """What this process has used so far: `wall_s` since it started, `cpu_s` (user and system,
+    every thread, and the children it waited for), and `peak_rss_mb`, its resident set's high-water
+    mark (VmHWM; a child's peak where one was larger).
+
+    Snakemake's `benchmark:` files sample a job every 0.5 s for its first 15 s and every 30 s
+    after: a 40-second job's `cpu_time` stops at 15 s, and a peak between two samples is missed.
+    These are the whole job's, read from the kernel's own accounting once the job is done.
+    """
+    import resource
+
+    t = os.times()
+    peak_kb = 0.0
+    try:
+        with open("/proc/self/status") as fh:
+            # VmHWM, not ru_maxrss: the latter carries the parent's peak over the exec
+            peak_kb = float(next(line for line in fh if line.startswith("VmHWM")).split()[1])
+    except (OSError, StopIteration):
+        peak_kb = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    peak_kb = max(peak_kb, float(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+    return {"wall_s": startup_seconds(), "cpu_s": t.user + t.system + t.children_user + t.children_system,
+            "peak_rss_mb": peak_kb / 1024}
+
+
+_USAGE = "resources used: wall {wall_s:.2f} s, CPU {cpu_s:.2f} s, peak RSS {peak_rss_mb:.1f} MB"
+_USAGE_RE = re.compile(r" resources used: wall (?P<wall_s>[0-9.]+) s, CPU (?P<cpu_s>[0-9.]+) s, "
+                       r"peak RSS (?P<peak_rss_mb>[0-9.]+) MB")
+
+
+def _log_usage() -> None:
+    """At exit: the job's `job_usage`, the last line of its log (read back by `read_job_usage`)."""
+    log.info(_USAGE.format(**job_usage()))
+
+
+def read_job_usage(log_path: str | os.PathLike) -> dict[str, float] | None:
+    """The `job_usage` a job's log ends with (its last such line), or None where the log is
+    missing or has none (a job killed before it exited, or a log older than this line)."""
+    found = None
+    try:
+        with open(log_path, errors="replace") as fh:
+            for line in fh:
+                if " resources used: " in line:
+                    m = _USAGE_RE.search(line)
+                    found = {k: float(v) for k, v in m.groupdict().items()} if m else found
+    except OSError:
+        return None
+    return found
 
 
 def resolve_device(name: str = "auto"):

@@ -57,3 +57,26 @@ def test_a_file_that_is_not_a_benchmark_is_named(tmp_path):
         stages.read_benchmarks(tmp_path)
     with pytest.raises(FileNotFoundError, match="no benchmarks"):
         stages.read_benchmarks(tmp_path / "elsewhere")
+
+
+def test_the_logs_whole_job_usage_replaces_snakemakes_samples(tmp_path, capsys):
+    """Snakemake stops sampling a job's CPU time at 15 s and then samples every 30 s: where the
+    job's log ends with the kernel's count (runtime.job_usage), its CPU time is the log's and its
+    peak the larger of the two; a job without that line keeps Snakemake's numbers."""
+    b = tmp_path / "benchmarks"
+    _bench(b / "lm" / "decompose_sample0.tsv", 43.0, 3000.0, 15.4)   # sampled until 15 s
+    _bench(b / "lm" / "decompose_sample1.tsv", 44.0, 3100.0, 15.0)   # its log is older
+    _bench(b / "lm" / "organize_sample0.tsv", 78.0, 2900.0, 72.0)    # log's peak below the sample's
+    logs = tmp_path / "logs" / "lm"
+    logs.mkdir(parents=True)
+    line = "2026-11-27 20:33:10,000 INFO oattn: resources used: wall {} s, CPU {} s, peak RSS {} MB\n"
+    (logs / "decompose_sample0.log").write_text("x INFO oattn: start-up 4.0 s (loaded: torch)\n"
+                                                + line.format(42.9, 41.25, 3600.5))
+    (logs / "decompose_sample1.log").write_text("x INFO oattn: start-up 4.0 s (loaded: torch)\n")
+    (logs / "organize_sample0.log").write_text(line.format(77.9, 75.0, 2800.0))
+    table = {(r["model"], r["rule"]): r for r in stages.summarise(stages.read_benchmarks(tmp_path))}
+    dec, org = table[("lm", "decompose")], table[("lm", "organize")]
+    assert (dec["cpu_s"], dec["peak_rss_mb"], dec["logged"]) == (56.2, 3600, 1)
+    assert (org["cpu_s"], org["peak_rss_mb"], org["logged"]) == (75.0, 2900, 1)
+    assert stages.main([str(tmp_path)]) == 0
+    assert "CPU and peaks of 2 jobs from their logs" in capsys.readouterr().out

@@ -90,6 +90,25 @@ def test_the_fit_of_the_record_holds_every_row_of_it(monkeypatch):
         assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
+def test_a_recorded_peak_is_the_larger_of_snakemakes_sample_and_the_jobs_log(tmp_path):
+    """bench/resources.py records the peak the job's log ends with (runtime.job_usage, the
+    kernel's high-water mark) where it is above Snakemake's sampled one (every 30 s after 15 s)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_resources", BENCH / "resources.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tsv = tmp_path / "benchmarks" / "lm" / "decompose_sample3.tsv"
+    log = tmp_path / "logs" / "lm" / "decompose_sample3.log"
+    log.parent.mkdir(parents=True)
+    rec = {"max_rss": "3070.25", "s": "43.16"}
+    assert bench.peak_mb(tmp_path, tsv, rec) == 3070.25  # no log
+    log.write_text("x INFO oattn: resources used: wall 43.0 s, CPU 41.0 s, peak RSS 3412.5 MB\n")
+    assert bench.peak_mb(tmp_path, tsv, rec) == 3412.5
+    log.write_text("x INFO oattn: resources used: wall 43.0 s, CPU 41.0 s, peak RSS 2990.0 MB\n")
+    assert bench.peak_mb(tmp_path, tsv, rec) == 3070.25
+
+
 def test_a_retry_asks_for_more_each_time():
     first = resources.memory_mb("organize", 1132.0)
     assert resources.memory_mb("organize", 1132.0, attempt=2) == pytest.approx(resources.GROWTH * first, abs=1)

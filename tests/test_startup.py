@@ -149,3 +149,40 @@ print(json.dumps(kernel_stats()))
     stats = _fresh(later, env)
     assert set(stats) == set(report["expected"])
     assert all(v["compiled"] == 0 and v["loaded"] >= 1 for v in stats.values()), stats
+
+
+def test_a_job_log_ends_with_what_the_whole_job_used(tmp_path):
+    """The log's last line is the job's CPU time and peak resident memory, counted by the kernel
+    over the whole job: a peak the job had freed by its end, CPU time in a thread, once however
+    often logging is set up (Snakemake's benchmark samples would miss the first after 15 s)."""
+    from oattn_lib.runtime import read_job_usage
+
+    log = tmp_path / "logs" / "job.log"
+    code = f"""
+import threading, time
+import numpy as np
+from oattn_lib.runtime import setup_logging, job_usage
+setup_logging({str(log)!r})
+setup_logging({str(log)!r})
+before = job_usage()["peak_rss_mb"]
+a = np.ones(400 * 2 ** 20 // 8)   # 400 MB touched, then freed
+del a
+
+def spin():
+    t = time.thread_time()
+    while time.thread_time() - t < 0.6:
+        pass
+
+th = threading.Thread(target=spin)
+th.start(); th.join()
+import json; print(json.dumps({{"before": before}}))
+"""
+    before = _fresh(code)["before"]
+    lines = log.read_text().splitlines()
+    assert sum(" resources used: " in line for line in lines) == 1 and " resources used: " in lines[-1]
+    usage = read_job_usage(log)
+    assert usage["peak_rss_mb"] >= before + 390, (before, usage)
+    assert usage["cpu_s"] >= 0.6 and usage["wall_s"] >= usage["cpu_s"] * 0.5
+    assert read_job_usage(tmp_path / "no.log") is None
+    (tmp_path / "old.log").write_text("2026-11-25 18:00:00,000 INFO oattn: start-up 2.5 s (loaded: none)\n")
+    assert read_job_usage(tmp_path / "old.log") is None

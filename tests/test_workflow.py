@@ -121,6 +121,18 @@ def test_logs_for_every_stage(run):
             assert " start-up " in first, f"{path}: {first}"
     organize_log = (run / "results" / "logs" / "txl" / "organize.log").read_text()
     assert "sample 1 of 2" in organize_log and "sample 2 of 2" in organize_log
+    # and ends with what the whole job used (runtime.job_usage), which bench/stages.py and
+    # bench/resources.py read rather than Snakemake's sampled benchmark: every benchmarked job's
+    from oattn_lib.runtime import read_job_usage
+
+    benchmarks = sorted((run / "results" / "benchmarks").rglob("*.tsv"))
+    assert len(benchmarks) > 20
+    for bench in benchmarks:
+        log = (run / "results" / "logs" / bench.relative_to(run / "results" / "benchmarks")).with_suffix(".log")
+        last = log.read_text().splitlines()[-1]
+        usage = read_job_usage(log)
+        assert " resources used: " in last and usage is not None, f"{log}: {last}"
+        assert usage["peak_rss_mb"] > 50 and 0 < usage["cpu_s"] and 0 < usage["wall_s"], (log, usage)
 
 
 def test_jobs_after_the_kernels_compile_none(run):
