@@ -100,11 +100,11 @@ def _prepare(X, name: str, trees, ndim):
     return x, was_np, single
 
 
-def _transform(x: torch.Tensor, trees, inverse: bool) -> torch.Tensor:
-    """Haar sweep along axes 0, 1, ... with the given trees, into a new tensor."""
-    out = None
+def _transform(x: torch.Tensor, trees, inverse: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Haar sweep along axes 0, 1, ... with the given trees, into `out` (a new tensor if None;
+    it may be x itself)."""
     for axis, tree in enumerate(trees):
-        out = haar_sweep(x if out is None else out, tree, axis, inverse=inverse, out=out)
+        out = haar_sweep(x if axis == 0 else out, tree, axis, inverse=inverse, out=out)
     return out
 
 
@@ -132,13 +132,16 @@ def inverse_bihaar(C, tree_q: PartitionTree, tree_k: PartitionTree):
     return back(x[:, :, 0] if single else x, was_np)
 
 
-def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
+def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree, overwrite: bool = False):
     """tri-Haar coefficients of the network: X x_1 B_Q^T x_2 B_K^T x_3 B_H^T (docs/method.md §3.5).
 
     X : float array or tensor of shape (n_query, n_key, n_head); the result has the same
-    shape, dtype and device, indexed by (query basis, key basis, head basis)."""
+    shape, dtype and device, indexed by (query basis, key basis, head basis). `overwrite`:
+    the coefficients are written over X itself where X is a contiguous float tensor or array
+    (no memory beyond it: at 1024 tokens x 270 heads a copy is 1.1 GB); X is lost."""
     x, was_np, _ = _prepare(X, "X", (tree_q, tree_k, tree_h), 3)
-    return back(_transform(x, (tree_q, tree_k, tree_h), inverse=False), was_np)
+    # x is X itself, or a contiguous float copy of it that nothing else holds
+    return back(_transform(x, (tree_q, tree_k, tree_h), inverse=False, out=x if overwrite else None), was_np)
 
 
 def inverse_trihaar(C, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):

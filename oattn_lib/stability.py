@@ -98,7 +98,8 @@ def perturb(x: np.ndarray, perturbation: str, rng: np.random.Generator, ulp_frac
     if perturbation in ("relabel", "sibling"):
         perms = tuple(rng.permutation(n) for n in x.shape)
         pq, pk, pu = perms
-        return Perturbed(np.ascontiguousarray(x[pq][:, pk][:, :, pu]), perms, perturbation == "relabel")
+        # one gather into one new array (x[pq][:, pk][:, :, pu] held two copies at once)
+        return Perturbed(x[np.ix_(pq, pk, pu)], perms, perturbation == "relabel")
     raise ValueError(f"perturbation: {perturbation!r} unknown; allowed: {list(PERTURBATIONS)}")
 
 

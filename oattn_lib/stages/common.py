@@ -67,8 +67,9 @@ def read_network(source, quantity: str, crop=None, masked: str = "row_mean") -> 
     model computed them, whatever `masked` says (docs/method.md §9.5).
 
     From a path only `quantity` is read (scores and probs of 270 heads at 1024 tokens are 1.1 GB
-    each in float32), NaN or inf is an error naming the store, and the store's copy is released
-    before returning: the peak is two copies of the one quantity, not four."""
+    each in float32), a layer at a time into the network tensor, and NaN or inf is an error
+    naming the store and the layer: the peak is the tensor and one layer's heads, not the
+    store's copy beside the tensor (a float16 store's layers are made float32 as they come)."""
     if quantity not in ("scores", "probs"):
         raise ValueError(f"quantity: must be 'scores' or 'probs', got {quantity!r}")
     if masked not in MASKED:
@@ -79,25 +80,37 @@ def read_network(source, quantity: str, crop=None, masked: str = "row_mean") -> 
             raise KeyError(f"attention dataset has no variable {quantity!r} (has {sorted(ds.data_vars)})")
     else:
         try:
-            ds = store.read_store(source, require=(quantity,), finite=(quantity,), variables=(quantity,))
+            ds = store.read_store(source, require=(quantity,), variables=(quantity,), lazy=True)
         except store.StoreError as exc:
             if quantity == "scores" and "'scores' is missing" in str(exc):
                 raise store.StoreError(f"{store.store_path(source)}: no pre-softmax scores to analyse (attention files "
                                        "of probabilities only); set extract.quantity: probs") from None
             raise
-    x = ds[quantity]
+    x = ds[quantity].transpose("layer", "head", "query", "key")
     if crop is not None:
         a, b = int(crop[0]), int(crop[1])
         if not 0 <= a < b <= x.sizes["query"]:
             raise ValueError(f"extract.crop: {crop} does not fit {x.sizes['query']} tokens")
         x = x.isel(query=slice(a, b), key=slice(a, b))
-    x = x.stack(unit=("layer", "head")).transpose("query", "key", "unit")
+    n_layer, n_head, nq, nk = x.shape
+    layers, heads = x["layer"].values.astype(np.int64), x["head"].values.astype(np.int64)
     coords = {"query": x["query"].values, "key": x["key"].values,
-              "unit_layer": ("unit", x["layer"].values.astype(np.int64)),
-              "unit_head": ("unit", x["head"].values.astype(np.int64))}
+              "unit_layer": ("unit", np.repeat(layers, n_head)), "unit_head": ("unit", np.tile(heads, n_layer))}
     if "kv_group" in x.coords:
-        coords["unit_kv_group"] = ("unit", np.broadcast_to(x["kv_group"].values, x["unit"].shape).astype(np.int64))
-    array = np.ascontiguousarray(x.values, dtype=np.float32)
+        kv = np.broadcast_to(x["kv_group"].values, (n_head,)).astype(np.int64)
+        coords["unit_kv_group"] = ("unit", np.tile(kv, n_layer))
+    # units layer-major: layer i's heads are units i * n_head ... (i + 1) * n_head - 1
+    array = np.empty((nq, nk, n_layer * n_head), dtype=np.float32)
+    for i in range(n_layer):
+        if isinstance(source, xr.Dataset):
+            values = x.isel(layer=i).values
+        else:  # read from the store now, its errors naming the store, the variable and the layer
+            try:
+                values = store.load_variable(x.isel(layer=i).to_dataset(name=quantity), quantity, source, finite=True)
+            except store.StoreError as exc:
+                raise store.StoreError(f"{exc} (layer {int(layers[i])})") from None
+        array[:, :, i * n_head:(i + 1) * n_head] = values.transpose(1, 2, 0)
+        del values
     filled = 0
     if quantity == "scores" and masked == "row_mean":
         filled = _fill_masked(source, ds, array, coords["unit_layer"][1], crop)

@@ -66,7 +66,14 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     no_scores = None if "scores" in ds.variables else (f"{store.store_path(attention_store)} holds no pre-softmax "
                                                        "scores (attention files of probabilities only)")
     org, ods = load_organization(organized_store)
+    shape = a.shape
+    units = _figure_units(figure_heads, ds["layer"].values, ds["head"].values)
+    position = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(coords["unit_layer"][1], coords["unit_head"][1]))}
+    figure_positions = [position[(int(la), int(h))] for la, h in units]
+    # the figure heads' attention, copied out: the tri-Haar coefficients overwrite the tensor
+    originals = [a[:, :, u].copy() for u in figure_positions]
     xv = torch.from_numpy(a).to(resolve_device(device))
+    del a
     # the random-tree baselines first, each freed before the next, then the coefficients that
     # are kept: at 1024 tokens x 270 heads every expansion is 1.1 GB, and computing the
     # baselines beside the kept bi- and tri-Haar coefficients made the peak one expansion higher
@@ -83,30 +90,34 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     cn = trihaar(xv, *(balanced_tree(np.arange(n)) for n in xv.shape))
     natural_l1, natural_ratio = l1_norm(cn), float(l1_over_l2(cn.reshape(-1), 0))
     del cn
-    log.info("decompose %s: random-tree baselines (%d seeds) and the natural order's, %.0f s", tuple(a.shape),
+    log.info("decompose %s: random-tree baselines (%d seeds) and the natural order's, %.0f s", shape,
              random_tree_seeds, time.perf_counter() - t)
     t = time.perf_counter()
-    c2 = bihaar(xv, org.tree_q, org.tree_k)
-    c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h)
     (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
+    # one expansion at a time: what is kept of the bi-Haar coefficients is taken before the
+    # tri-Haar coefficients are computed, over the tensor itself (the tensor and one expansion
+    # at the peak, not the tensor and both: 1.1 GB less at 1024 tokens x 270 heads)
+    c2 = bihaar(xv, org.tree_q, org.tree_k)
+    bi, (vq, vk) = _bihaar_kept(c2, (sq, sk), (lq, lk), coarse_coefficients, figure_positions)
+    if keep_coefficients:
+        bi["bihaar"] = (("qbasis", "kbasis", "unit"), c2.cpu().numpy())
+    del c2
+    c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h, overwrite=True)
     del xv
-    units = _figure_units(figure_heads, ds["layer"].values, ds["head"].values)
+    tri, vh = _trihaar_kept(c3, (sq, sk, sh), (lq, lk, lh), coarse_coefficients)
+    if keep_coefficients:
+        tri["trihaar"] = (("qbasis", "kbasis", "hbasis"), c3.cpu().numpy())
+    network_l1 = l1_norm(c3)
+    del c3
+    expansions = {k: (bi | tri)[k] for k in (*_KEPT, *(("bihaar", "trihaar") if keep_coefficients else ()))}
+    level_coords = {"qlevel": vq, "klevel": vk, "hlevel": vh}
+    log.info("decompose %s: bi- and tri-Haar expansions, their coarsest coefficients and level sums, %.0f s",
+             shape, time.perf_counter() - t)
     fig = {k: [] for k in ("original", "organized3d", "organized2d", "exact", "approx", "residual")}
     rel, rel_unorg, orders, trees2d = [], [], [], []
     # Theorem 1 is about softmax of the pre-softmax head, whatever quantity is analysed
-    position = {(int(la), int(h)): i for i, (la, h) in enumerate(zip(coords["unit_layer"][1], coords["unit_head"][1]))}
-    expansions, level_coords = _expansions(c2, c3, (sq, sk, sh), (lq, lk, lh), coarse_coefficients,
-                                           [position[(int(la), int(h))] for la, h in units])
-    if keep_coefficients:
-        expansions |= {"bihaar": (("qbasis", "kbasis", "unit"), c2.cpu().numpy()),
-                       "trihaar": (("qbasis", "kbasis", "hbasis"), c3.cpu().numpy())}
-    network_l1 = l1_norm(c3)
-    del c2, c3
-    log.info("decompose %s: bi- and tri-Haar expansions, their coarsest coefficients and level sums, %.0f s",
-             tuple(a.shape), time.perf_counter() - t)
-    for layer, head in units:
+    for (layer, head), f in zip(units, originals):
         t = time.perf_counter()
-        f = a[:, :, position[(int(layer), int(head))]]
         fig["original"].append(f)
         fig["organized3d"].append(f[np.ix_(org.tree_q.order, org.tree_k.order)])
         if no_scores:
@@ -153,8 +164,8 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
          "fig_row_order": (("fig_head", "row"), np.array([o[0] for o in orders], dtype=np.int64)),
          "fig_col_order": (("fig_head", "col"), np.array([o[1] for o in orders], dtype=np.int64)),
          # the trees themselves, which the explorer draws (stages.organize2d reads them)
-         "fig_row_tree": (("fig_head", "fig_level_r", "row"), padded_labels([t[0] for t in trees2d], a.shape[0])),
-         "fig_col_tree": (("fig_head", "fig_level_c", "col"), padded_labels([t[1] for t in trees2d], a.shape[1])),
+         "fig_row_tree": (("fig_head", "fig_level_r", "row"), padded_labels([t[0] for t in trees2d], shape[0])),
+         "fig_col_tree": (("fig_head", "fig_level_c", "col"), padded_labels([t[1] for t in trees2d], shape[1])),
          "fig_rel_residual": ("fig_head", np.array(rel)),
          "fig_rel_residual_unorganized": ("fig_head", np.array(rel_unorg))},
         coords={k: v for k, v in coords.items() if k not in ("query", "key")} | {
@@ -171,27 +182,33 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
              np.round(rel, 4).tolist(), np.round(rel_unorg, 4).tolist())
 
 
-def _expansions(c2, c3, supports, levels, keep: int, figure_positions: list[int]) -> tuple[dict, dict]:
-    """What the consumers of the expansions read (docs/method.md §6.6): the `keep` coarsest
-    coefficients of each head and of the network with their flat indices, the level sums of
-    |c| and c^2, and the figure heads' bi-Haar coefficients; (variables, coordinates) of the
-    decomposed store."""
-    (sq, sk, sh), (lq, lk, lh) = supports, levels
-    b_coarse, b_idx = coarse_coefficients(c2, [sq, sk], [lq, lk], keep)
-    t_coarse, t_idx = coarse_coefficients(c3, [sq, sk, sh], [lq, lk, lh], keep)
-    b_l1, b_l2, (vq, vk) = level_sums(c2, [lq, lk])
-    t_l1, t_l2, (_, _, vh) = level_sums(c3, [lq, lk, lh])
+# What the consumers of the expansions read (docs/method.md §6.6), in the decomposed store's order:
+# the `coarse_coefficients` coarsest coefficients of each head and of the network with their flat
+# indices, the level sums of |c| and c^2, and the figure heads' bi-Haar coefficients.
+_KEPT = ("bihaar_coarse", "coarse2_index", "trihaar_coarse", "coarse3_index", "bihaar_level_l1", "bihaar_level_l2sq",
+         "trihaar_level_l1", "trihaar_level_l2sq", "fig_bihaar")
+
+
+def _bihaar_kept(c2, supports, levels, keep: int, figure_positions: list[int]) -> tuple[dict, tuple]:
+    """The decomposed store's variables of the bi-Haar coefficients c2 (`_KEPT`), and the levels
+    of the query and key axes (coordinates)."""
+    coarse, idx = coarse_coefficients(c2, list(supports), list(levels), keep)
+    l1, l2, (vq, vk) = level_sums(c2, list(levels))
     fig = c2[:, :, torch.as_tensor(figure_positions, dtype=torch.long, device=c2.device)]
-    return {"bihaar_coarse": (("coarse2", "unit"), b_coarse.cpu().numpy()),
-            "coarse2_index": ("coarse2", b_idx),
-            "trihaar_coarse": ("coarse3", t_coarse.cpu().numpy()),
-            "coarse3_index": ("coarse3", t_idx),
-            "bihaar_level_l1": (("qlevel", "klevel", "unit"), b_l1.cpu().numpy()),
-            "bihaar_level_l2sq": (("qlevel", "klevel", "unit"), b_l2.cpu().numpy()),
-            "trihaar_level_l1": (("qlevel", "klevel", "hlevel"), t_l1.cpu().numpy()),
-            "trihaar_level_l2sq": (("qlevel", "klevel", "hlevel"), t_l2.cpu().numpy()),
-            "fig_bihaar": (("fig_head", "qbasis", "kbasis"), fig.permute(2, 0, 1).cpu().numpy())}, \
-        {"qlevel": vq, "klevel": vk, "hlevel": vh}
+    return {"bihaar_coarse": (("coarse2", "unit"), coarse.cpu().numpy()), "coarse2_index": ("coarse2", idx),
+            "bihaar_level_l1": (("qlevel", "klevel", "unit"), l1.cpu().numpy()),
+            "bihaar_level_l2sq": (("qlevel", "klevel", "unit"), l2.cpu().numpy()),
+            "fig_bihaar": (("fig_head", "qbasis", "kbasis"), fig.permute(2, 0, 1).cpu().numpy())}, (vq, vk)
+
+
+def _trihaar_kept(c3, supports, levels, keep: int) -> tuple[dict, np.ndarray]:
+    """The decomposed store's variables of the tri-Haar coefficients c3 (`_KEPT`), and the levels
+    of the head axis (a coordinate)."""
+    coarse, idx = coarse_coefficients(c3, list(supports), list(levels), keep)
+    l1, l2, (_, _, vh) = level_sums(c3, list(levels))
+    return {"trihaar_coarse": ("coarse3", coarse.cpu().numpy()), "coarse3_index": ("coarse3", idx),
+            "trihaar_level_l1": (("qlevel", "klevel", "hlevel"), l1.cpu().numpy()),
+            "trihaar_level_l2sq": (("qlevel", "klevel", "hlevel"), l2.cpu().numpy())}, vh
 
 
 def decompose_samples(attention_stores: list, organized_stores: list, outs: list, quantity: str, crop=None,

@@ -27,16 +27,18 @@ log = logging.getLogger("oattn")
 __all__ = ["stability", "stability_sample", "stability_sample_stores", "sample_replicates"]
 
 
-def _measures(x: np.ndarray, trees, k2: int, k3: int, device) -> dict:
+def _measures(x: np.ndarray, trees, k2: int, k3: int, device, overwrite: bool = False) -> dict:
     """The per-head and network measures of tensor x in trees (tree_q, tree_k, tree_h), as the
-    decompose and entropy stages compute them (docs/method.md §6)."""
+    decompose and entropy stages compute them (docs/method.md §6). `overwrite`: x is not needed
+    after, and its tri-Haar coefficients are written over it (one copy of x less at the peak)."""
     xv = torch.from_numpy(np.ascontiguousarray(x)).to(resolve_device(device))
     (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in trees)
     c2 = bihaar(xv, trees[0], trees[1])
     out = {"head_entropy": np.asarray(coarse_l1(c2, [sq, sk], [lq, lk], k2)),
            "head_sparsity": np.asarray(l1_over_l2(c2, (0, 1)).cpu().numpy())}
     del c2
-    c3 = trihaar(xv, *trees)
+    c3 = trihaar(xv, *trees, overwrite=overwrite)
+    del xv
     out["network_entropy"] = float(coarse_l1(c3, [sq, sk, sh], [lq, lk, lh], k3))
     out["network_sparsity"] = float(l1_over_l2(c3.reshape(-1), 0))
     return out
@@ -126,11 +128,12 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
                     trees = tuple(rename_tree(t, np.argsort(pm)) for t, pm in zip(trees, perms))
                     measured, perms = _measures(x, trees, k2, k3, device), None
                 else:
-                    measured = _measures(p.array, trees, k2, k3, device)
+                    measured = _measures(p.array, trees, k2, k3, device, overwrite=True)
             else:  # sibling: the reference trees, items renamed
                 measured = _measures(p.array, tuple(rename_tree(t, pm) for t, pm in zip(ref_trees, perms)),
-                                     k2, k3, device)
+                                     k2, k3, device, overwrite=True)
                 trees = ref_trees
+            del p  # the perturbed tensor (its tri-Haar coefficients, where measured over it)
         pu = perms[2] if perms is not None else None
         row = {"head_entropy": unit_permutation_back(measured["head_entropy"], pu),
                "head_sparsity": unit_permutation_back(measured["head_sparsity"], pu),
