@@ -210,9 +210,10 @@ FIT_MEMORY = {"figures": ("base_mb", "mb_per_mb", "per_token", "per_head"), "the
               "stability": ("base_mb", "mb_per_mb"), "entropy": ("base_mb",)}
 
 
-def _fit_columns(features: dict, names, targets, lo: float, hi: float | None) -> dict:
+def _fit_columns(features: dict, names, targets, lo: float, hi: float | None, rule: str = "") -> dict:
     """Nonnegative coefficients c of `names` with lo <= (sum c_n features[n]) / targets <= hi, the
-    sum of those ratios smallest (scipy's linprog); ValueError naming the columns if none exist."""
+    sum of those ratios smallest (scipy's linprog); ValueError naming the rule and the columns if
+    none exist."""
     import numpy as np
     from scipy.optimize import linprog
 
@@ -223,7 +224,7 @@ def _fit_columns(features: dict, names, targets, lo: float, hi: float | None) ->
         a_ub, b_ub = np.r_[a_ub, a], np.r_[b_ub, hi * t]
     res = linprog((a / t[:, None]).sum(axis=0), A_ub=a_ub, b_ub=b_ub, bounds=[(0, None)] * len(names))
     if not res.success:
-        raise ValueError(f"no {list(names)} within {lo}-{hi} of the record: {res.message}")
+        raise ValueError(f"{rule}: no {list(names)} within {lo}-{hi} of the record: {res.message}")
     return dict(zip(names, res.x))
 
 
@@ -256,10 +257,10 @@ def fit(record: Path) -> dict:
             mem = _fit_columns({"base_mb": np.ones(len(r)), "per_weight": r["weights_mb"],
                                 "per_attention": r["attention_mb"], "per_logits": r["logits_mb"]},
                                ("base_mb", "per_weight", "per_attention", "per_logits"), r["max_rss_mb"],
-                               FIT_FLOOR, FIT_CEILING)
+                               FIT_FLOOR, FIT_CEILING, rule)
             t = _fit_columns({"base_s": np.ones(len(r)),
                               "s_per_mb": r["network_mb"].to_numpy(float) * r["work"].to_numpy(float)},
-                             ("base_s", "s_per_mb"), r["seconds"], 1.0, None)
+                             ("base_s", "s_per_mb"), r["seconds"], 1.0, None, rule)
             fitted[rule] = ModelJob(**{k: _round_up(v) for k, v in {**mem, **t}.items()})
         return fitted
     for rule in [*MODELS, *HEAD_JOBS]:
@@ -270,19 +271,19 @@ def fit(record: Path) -> dict:
         tokens, work = np.array([head_tokens(h) for h in head]), r["work"].to_numpy(float)
         names = FIT_MEMORY.get(rule, ("base_mb", "mb_per_mb", "per_token"))
         mem = _fit_columns({"base_mb": np.ones(len(r)), "mb_per_mb": tensor, "per_token": tokens, "per_head": head},
-                           names, r["max_rss_mb"], FIT_FLOOR, FIT_CEILING)
+                           names, r["max_rss_mb"], FIT_FLOOR, FIT_CEILING, rule)
         mem = {k: _round_up(v) for k, v in mem.items()}
         if rule in HEAD_JOBS:
             t = _fit_columns({"base_s": np.ones(len(r)), "s_per_head": work,
                               "s_per_mb_token": work * head * tokens / 1024}, ("base_s", "s_per_head", "s_per_mb_token"),
-                             r["seconds"], 1.0, None)
+                             r["seconds"], 1.0, None, rule)
             fields = {"per_head": 0.0, **mem, **{k: _round_up(v) for k, v in t.items()}}
             fitted[rule] = HeadJob(**{f.name: fields.get(f.name, 0.0) for f in dataclasses.fields(HeadJob)})
         else:
             old = MODELS[rule]
             n = work if old.per_sample_time else 1.0
             t = _fit_columns({"base_s": np.ones(len(r)), "s_per_mb": tensor * n, "s_per_mb_token": tensor * n * tokens / 1024},
-                             ("base_s", "s_per_mb", "s_per_mb_token"), r["seconds"], 1.0, None)
+                             ("base_s", "s_per_mb", "s_per_mb_token"), r["seconds"], 1.0, None, rule)
             fitted[rule] = dataclasses.replace(old, **{"per_head": 0.0, **mem, **{k: _round_up(v) for k, v in t.items()}})
     return fitted
 

@@ -9,8 +9,10 @@ nothing is loaded), plus a term in the number of tokens (what grows with the len
 the number of heads: trees, sweeps and one head at a time; measured, it grows about linearly
 over 1024-4096 tokens, where a term in one head's tokens x tokens over-asked 2-4 times at
 4096) and, for figures, one head's tokens x tokens as float64 (the temperature figure's
-paraproduct, `largest_head_mb`). The numbers of each rule are fitted to peaks measured by
-Snakemake's benchmarks (`bench/resources.py` lists them, `bench/resources.csv` records them): the default run
+paraproduct, `largest_head_mb`). The numbers of each rule are fitted to the peaks the jobs'
+logs record (`runtime.job_usage`, the kernel's high-water mark: Snakemake's benchmarks sample
+every 30 s and missed up to 1.2 GB; `bench/resources.py` lists them, `bench/resources.csv`
+records them): the default run
 (64-128 tokens, where the base is most of it), SmolLM2 at 1024 tokens (where the factor is) and
 3 of its layers at 1024, 2048 and 4096 tokens (where the length terms are).
 The entropy job reads only the coarsest coefficients and the level sums of each sample
@@ -87,17 +89,17 @@ class JobModel:
 # module's docstring); a rule not listed here keeps the profile's default resources.
 MODELS = {
     # organize: its affinities and their eigenvectors beside the tensor
-    "organize": JobModel(1180.0, 1.5, 5.97, 0.0283, per_sample_time=True, s_per_mb_token=0.0495, per_token=0.123),
-    "decompose": JobModel(1160.0, 0.833, 7.5, 0.0, per_sample_time=True, s_per_mb_token=0.0489, per_token=1.05),
-    "entropy": JobModel(188.0, 0.0, 1.28, 0.0, per_sample_time=True, s_per_mb_token=0.000161),
-    "organize2d": JobModel(1190.0, 0.18, 10.5, 0.0275, per_sample_time=True),
-    "stability": JobModel(1310.0, 3.64, 10.1, 0.0513, per_sample_time=True, s_per_mb_token=0.0102),
+    "organize": JobModel(824.0, 0.87, 13.7, 0.0, per_sample_time=True, s_per_mb_token=0.119, per_token=0.496),
+    "decompose": JobModel(877.0, 1.43, 16.3, 0.0, per_sample_time=True, s_per_mb_token=0.0933, per_token=0.665),
+    "entropy": JobModel(159.0, 0.0, 2.64, 0.0, per_sample_time=True),
+    "organize2d": JobModel(948.0, 0.532, 19.8, 0.0149, per_sample_time=True),
+    "stability": JobModel(995.0, 3.05, 36.9, 0.0826, per_sample_time=True),
     # figures: the temperature figure's paraproduct holds its block means of every pair of levels
     # and a few temporaries of one head (float64), whatever the number of heads
-    "figures": JobModel(1090.0, 0.0, 8.56, 0.141, per_head=43.8, s_per_mb_token=0.00803, per_token=0.506),
+    "figures": JobModel(748.0, 0.0626, 17.9, 0.219, per_head=41.4, per_token=0.66),
     # also the explorer_plan and explorer_sample jobs of a model of one job per sample: each holds
     # what the page job holds of one sample (it reads and encodes it)
-    "explorer": JobModel(1010.0, 1.45, 4.63, 0.0451, per_sample_time=True, per_token=0.366),
+    "explorer": JobModel(832.0, 1.65, 9.6, 0.0182, per_sample_time=True, s_per_mb_token=0.0154, per_token=0.25),
 }
 
 
@@ -219,7 +221,7 @@ class HeadJob:
 
 # Fitted to the theorem1 rows of bench/resources.csv (`work`: the head-samples measured): the
 # default run's four models (64-128 tokens) and SmolLM2 at 1024 (270 and 27 heads), 2048 and 4096 tokens.
-HEAD_JOBS = {"theorem1": HeadJob(1040.0, 0.0, 0.0, 0.395, 1.36, per_token=0.752)}
+HEAD_JOBS = {"theorem1": HeadJob(719.0, 0.0, 19.3, 0.719, 1.07, per_token=1.18)}
 
 
 def theorem1_head_samples(n_heads: int, n_samples: int, max_heads: int) -> int:
@@ -271,8 +273,8 @@ class ModelJob:
 # Fitted to bench/model_jobs.csv (`python bench/resources.py --fit bench/model_jobs.csv`): the
 # default run's four models (64-128 tokens) and SmolLM2 at 1024 and 4096 tokens.
 MODEL_JOBS = {
-    "extract": ModelJob(1190.0, 1.01, 3.11, 0.0, 12.4, 0.0114),
-    "prune": ModelJob(1200.0, 2.57, 0.248, 2.11, 22.7, 0.0165),
+    "extract": ModelJob(828.0, 1.38, 4.84, 0.0, 19.7, 0.0086),
+    "prune": ModelJob(935.0, 2.63, 0.958, 1.84, 216.0, 0.00198),
 }
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
