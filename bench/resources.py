@@ -208,12 +208,19 @@ FIT_FLOOR, FIT_CEILING = 1.03, 1.45
 # (stability, measured at two lengths only, and entropy, which reads per-level sums: no length term)
 FIT_MEMORY = {"figures": ("base_mb", "mb_per_mb", "per_token", "per_head"), "theorem1": ("base_mb", "per_token"),
               "stability": ("base_mb", "mb_per_mb"), "entropy": ("base_mb",)}
+# the copies of the network tensor a job holds at once, whatever else the record would allow: the
+# factor of the tensor is at least this, so that a tensor 10 times the record's largest is not
+# asked for below what the code holds (organize: the tensor; decompose: the tensor and one
+# expansion; stability: the tensor, a perturbed copy and its bi-Haar expansion; an explorer job:
+# the tensor and its heads reordered unit-first)
+FIT_TENSOR_COPIES = {"organize": 1.0, "decompose": 2.0, "stability": 3.0, "explorer": 2.0}
 
 
-def _fit_columns(features: dict, names, targets, lo: float, hi: float | None, rule: str = "") -> dict:
-    """Nonnegative coefficients c of `names` with lo <= (sum c_n features[n]) / targets <= hi, the
-    sum of those ratios smallest (scipy's linprog); ValueError naming the rule and the columns if
-    none exist."""
+def _fit_columns(features: dict, names, targets, lo: float, hi: float | None, rule: str = "",
+                 at_least: dict | None = None) -> dict:
+    """Nonnegative coefficients c of `names` (each at least `at_least`'s where it names it) with
+    lo <= (sum c_n features[n]) / targets <= hi, the sum of those ratios smallest (scipy's
+    linprog); ValueError naming the rule and the columns if none exist."""
     import numpy as np
     from scipy.optimize import linprog
 
@@ -222,7 +229,8 @@ def _fit_columns(features: dict, names, targets, lo: float, hi: float | None, ru
     a_ub, b_ub = -a, -lo * t
     if hi is not None:
         a_ub, b_ub = np.r_[a_ub, a], np.r_[b_ub, hi * t]
-    res = linprog((a / t[:, None]).sum(axis=0), A_ub=a_ub, b_ub=b_ub, bounds=[(0, None)] * len(names))
+    res = linprog((a / t[:, None]).sum(axis=0), A_ub=a_ub, b_ub=b_ub,
+                  bounds=[((at_least or {}).get(n, 0.0), None) for n in names])
     if not res.success:
         raise ValueError(f"{rule}: no {list(names)} within {lo}-{hi} of the record: {res.message}")
     return dict(zip(names, res.x))
@@ -271,7 +279,8 @@ def fit(record: Path) -> dict:
         tokens, work = np.array([head_tokens(h) for h in head]), r["work"].to_numpy(float)
         names = FIT_MEMORY.get(rule, ("base_mb", "mb_per_mb", "per_token"))
         mem = _fit_columns({"base_mb": np.ones(len(r)), "mb_per_mb": tensor, "per_token": tokens, "per_head": head},
-                           names, r["max_rss_mb"], FIT_FLOOR, FIT_CEILING, rule)
+                           names, r["max_rss_mb"], FIT_FLOOR, FIT_CEILING, rule,
+                           {"mb_per_mb": FIT_TENSOR_COPIES.get(rule, 0.0)})
         mem = {k: _round_up(v) for k, v in mem.items()}
         if rule in HEAD_JOBS:
             t = _fit_columns({"base_s": np.ones(len(r)), "s_per_head": work,

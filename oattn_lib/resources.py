@@ -89,8 +89,8 @@ class JobModel:
 # module's docstring); a rule not listed here keeps the profile's default resources.
 MODELS = {
     # organize: its affinities and their eigenvectors beside the tensor
-    "organize": JobModel(824.0, 0.87, 13.7, 0.0, per_sample_time=True, s_per_mb_token=0.119, per_token=0.496),
-    "decompose": JobModel(877.0, 1.43, 16.3, 0.0, per_sample_time=True, s_per_mb_token=0.0933, per_token=0.665),
+    "organize": JobModel(829.0, 1.0, 13.7, 0.0, per_sample_time=True, s_per_mb_token=0.119, per_token=0.438),
+    "decompose": JobModel(893.0, 2.0, 16.3, 0.0, per_sample_time=True, s_per_mb_token=0.0933, per_token=0.406),
     "entropy": JobModel(159.0, 0.0, 2.64, 0.0, per_sample_time=True),
     "organize2d": JobModel(948.0, 0.532, 19.8, 0.0149, per_sample_time=True),
     "stability": JobModel(995.0, 3.05, 36.9, 0.0826, per_sample_time=True),
@@ -99,7 +99,7 @@ MODELS = {
     "figures": JobModel(748.0, 0.0626, 17.9, 0.219, per_head=41.4, per_token=0.66),
     # also the explorer_plan and explorer_sample jobs of a model of one job per sample: each holds
     # what the page job holds of one sample (it reads and encodes it)
-    "explorer": JobModel(832.0, 1.65, 9.6, 0.0182, per_sample_time=True, s_per_mb_token=0.0154, per_token=0.25),
+    "explorer": JobModel(830.0, 2.0, 9.6, 0.0182, per_sample_time=True, s_per_mb_token=0.0154, per_token=0.212),
 }
 
 

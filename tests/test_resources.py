@@ -90,6 +90,16 @@ def test_the_fit_of_the_record_holds_every_row_of_it(monkeypatch):
         assert minutes * 60 >= resources.TIME_MARGIN * row["seconds"], (minutes, row)
 
 
+@pytest.mark.parametrize("rule, copies", [("organize", 1), ("decompose", 2), ("stability", 3), ("explorer", 2)])
+def test_a_tensor_beyond_the_record_is_asked_at_least_the_copies_the_job_holds(rule, copies):
+    """All 270 heads of SmolLM2 at 4096 tokens are an 18 GB float32 tensor, 10 times the record's
+    largest: organize holds it, decompose it and one expansion, stability it, a perturbed copy and
+    that copy's bi-Haar expansion, an explorer job it and its heads reordered. A fit free to trade
+    the tensor's factor for the base and the length term asked decompose for 30 GB there."""
+    tensor = 1132.462 * 16
+    assert resources.memory_mb(rule, tensor, head_mb=134.218) >= copies * tensor
+
+
 def test_a_recorded_peak_is_the_larger_of_snakemakes_sample_and_the_jobs_log(tmp_path):
     """bench/resources.py records the peak the job's log ends with (runtime.job_usage, the
     kernel's high-water mark) where it is above Snakemake's sampled one (every 30 s after 15 s)."""
