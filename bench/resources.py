@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import math
 import re
 import sys
@@ -48,7 +49,10 @@ from oattn_lib.resources import (HEAD_JOBS, MODEL_JOBS, MODELS, head_job_memory_
                                  head_job_runtime_minutes, largest_array_mb, largest_head_mb, memory_mb,
                                  model_job_features, model_job_memory_mb, model_job_runtime_minutes,
                                  prune_passes, runtime_minutes)
-from oattn_lib.runtime import read_job_usage  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("bench_stages", ROOT / "bench" / "stages.py")
+stages = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stages)
 
 _FILE = re.compile(r"^(?P<rule>[a-z][a-z0-9_]*?)(?:_(?:sample|part)(?P<sample>\d+)|_samples(?P<first>\d+)-(?P<last>\d+))?\.tsv$")
 COLUMNS = ["source", "model", "rule", "sample", "tensor_mb", "work", "max_rss_mb", "seconds", "head_mb"]
@@ -91,8 +95,7 @@ def peak_mb(results: Path, bench: Path, rec: dict) -> float:
     """A job's peak resident memory: the larger of Snakemake's sampled `max_rss` (every 30 s
     after the first 15 s, so it can miss the peak) and the whole job's high-water mark its log
     ends with (`runtime.job_usage`), where it does."""
-    usage = read_job_usage((results / "logs" / bench.relative_to(results / "benchmarks")).with_suffix(".log"))
-    return max(float(rec["max_rss"]), usage["peak_rss_mb"]) if usage else float(rec["max_rss"])
+    return stages.whole_job(results, bench, float(rec["max_rss"]))[1]
 
 
 def measured(results: Path, source: str) -> list[dict]:

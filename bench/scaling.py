@@ -6,8 +6,9 @@ models' `extract.max_length` replaced, everything else kept), each into its own 
 workflow/profiles/default`; a length whose folder holds a finished run (its summary.md) is read,
 not run again, even where the code changed since (delete the folder to measure it again).
 Then, from the jobs' Snakemake benchmarks and the whole job's CPU time and peak each job's log
-ends with (bench/stages.py reads them), it prints per stage a job's CPU time (the mean over the stage's jobs: every job runs one thread, so this is its wall
-time on a free core, whatever else ran beside it) and the largest peak resident memory at each
+ends with (bench/stages.py reads them), it prints per stage a job's CPU time (the mean over the
+stage's jobs: every job runs one thread, so this is its wall time on a free core, whatever else
+ran beside it) and the largest peak resident memory at each
 length, the growth exponent p of each between consecutive lengths (time ~ tokens^p) and the
 disk of the attention and decomposed stores per sample:
 

@@ -52,6 +52,16 @@ def startup_seconds(log: Path) -> float:
     return float(m.group(1)) if m else float("nan")
 
 
+def whole_job(results: Path, benchmark: Path, sampled_rss: float) -> tuple[dict | None, float]:
+    """The `runtime.job_usage` the log of the job of `benchmark` (results/benchmarks/...tsv) ends
+    with (None without it), and the job's peak: the larger of Snakemake's sampled one (NaN where
+    it has none) and the log's."""
+    usage = read_job_usage((results / "logs" / benchmark.relative_to(results / "benchmarks")).with_suffix(".log"))
+    if usage is None:
+        return None, sampled_rss
+    return usage, usage["peak_rss_mb"] if sampled_rss != sampled_rss else max(sampled_rss, usage["peak_rss_mb"])
+
+
 def read_benchmarks(results: Path) -> dict[tuple[str, str], list[dict]]:
     """{(model, rule): [one dict per job: s, cpu_time, max_rss]} from results/benchmarks."""
     root = results / "benchmarks"
@@ -71,14 +81,11 @@ def read_benchmarks(results: Path) -> dict[tuple[str, str], list[dict]]:
             raise ValueError(f"{path}: no column {exc} (not a Snakemake benchmark file)") from None
         rel = path.relative_to(root)
         model = "/".join(rel.parts[:-1]) or "-"
-        log = (results / "logs" / rel).with_suffix(".log")
-        job["startup"] = startup_seconds(log)
-        usage = read_job_usage(log)
+        job["startup"] = startup_seconds((results / "logs" / rel).with_suffix(".log"))
+        usage, job["max_rss"] = whole_job(results, path, job["max_rss"])
         job["from_log"] = usage is not None
         if usage is not None:
             job["cpu_time"] = usage["cpu_s"]
-            job["max_rss"] = max(job["max_rss"], usage["peak_rss_mb"]) if job["max_rss"] == job["max_rss"] \
-                else usage["peak_rss_mb"]
         rows[(model, _SAMPLE.sub("", path.stem))].append(job)
     return rows
 
