@@ -140,6 +140,24 @@ def test_row_mean_of_a_crop_uses_the_cropped_rows(tmp_path):
         np.testing.assert_allclose(x[i, ~ok[i]], r[i, ok[i]].mean(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("from_probs", [False, True])
+@pytest.mark.parametrize("crop", [None, (1, 5)])
+@pytest.mark.parametrize("quantity,masked", [("scores", "row_mean"), ("scores", "keep"), ("probs", "row_mean")])
+def test_units_first_is_the_same_network_in_the_stores_order(tmp_path, from_probs, crop, quantity, masked):
+    """The explorer's layout (unit, query, key): each unit the same head, masked entries filled the
+    same way (each unit its own layer's mask), and `head` finds it by the model's indices."""
+    path, _ = _masked(tmp_path, from_probs)
+    a = read_network(path, quantity, crop, masked)
+    b = read_network(path, quantity, crop, masked, units_first=True)
+    assert not a.units_first and b.units_first and b.array.flags.c_contiguous
+    assert b.array.shape == (a.array.shape[2],) + a.array.shape[:2]
+    np.testing.assert_array_equal(b.array, np.moveaxis(a.array, -1, 0))
+    assert a.attrs["masked_filled"] == b.attrs["masked_filled"]
+    assert quantity == "probs" or masked == "keep" or b.attrs["masked_filled"] > 0
+    for layer, head in zip(a.unit_layer, a.unit_head):
+        np.testing.assert_array_equal(b.head(layer, head), a.head(layer, head))
+
+
 def test_an_unmasked_store_is_read_the_same_under_either_rule(written):
     _, path = written
     a, b = read_network(path, "scores"), read_network(path, "scores", masked="keep")
@@ -150,11 +168,12 @@ def test_an_unmasked_store_is_read_the_same_under_either_rule(written):
 
 
 
-def test_a_store_is_read_a_layer_at_a_time(tmp_path):
+@pytest.mark.parametrize("units_first", [False, True])
+def test_a_store_is_read_a_layer_at_a_time(tmp_path, units_first):
     """The reader's peak is the network tensor and a layer's heads, not the store's copy beside
     it (at 1024 tokens x 270 heads each copy is 1.1 GB): in a fresh process the resident memory's
     high-water mark grows by under 1.6 tensors while it reads a 32-layer store (1.3 measured; 1.16
-    at 1024 tokens); reading it whole and then stacking its heads grows it by two."""
+    at 1024 tokens), in either layout; reading it whole and then stacking its heads grows it by two."""
     import json
     import subprocess
     import sys
@@ -183,7 +202,7 @@ read_network(path + ".small", "probs")  # the first read's imports and caches
 start = status("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the high-water mark from here
-net = read_network(path, "probs")
+net = read_network(path, "probs", units_first={units_first})
 print(json.dumps({{"grew": status("VmHWM") - start, "tensor": net.array.nbytes / 2 ** 20,
                   "same": bool((net.head(5, 3) == head).all())}}))
 """

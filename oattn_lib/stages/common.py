@@ -26,13 +26,15 @@ class Network:
     """The network 3-tensor of one sample, as every stage reads it.
 
     `array`: (query, key, unit) float32, C-contiguous, where unit runs over the stored
-    (layer, head) pairs layer-major; `coords`: the `query` and `key` positions and, per unit,
+    (layer, head) pairs layer-major, or (unit, query, key) where `units_first` (the layout of
+    the attention store itself, `read_network(units_first=True)`); `coords`: the `query` and `key` positions and, per unit,
     `unit_layer`, `unit_head` and (grouped-query models) `unit_kv_group`, each as
     (dimension, values) ready for an xarray Dataset; `attrs`: the attention store's attributes.
     """
     array: np.ndarray
     coords: dict
     attrs: dict
+    units_first: bool = False
 
     @property
     def unit_layer(self) -> np.ndarray:
@@ -49,7 +51,7 @@ class Network:
             raise KeyError(f"layer {layer}, head {head}: not a stored head of this network "
                            f"(layers {sorted(set(self.unit_layer.tolist()))}, "
                            f"heads {sorted(set(self.unit_head.tolist()))})")
-        return self.array[:, :, int(hit[0])]
+        return self.array[int(hit[0])] if self.units_first else self.array[:, :, int(hit[0])]
 
 
 MASKED = ("row_mean", "keep")
@@ -58,7 +60,7 @@ the mean of the row's allowed entries, or kept as the model computed them before
 paper's convention)."""
 
 
-def read_network(source, quantity: str, crop=None, masked: str = "row_mean") -> Network:
+def read_network(source, quantity: str, crop=None, masked: str = "row_mean", *, units_first: bool = False) -> Network:
     """The network tensor of one sample (`Network`), from an attention store's path or from an
     opened attention dataset. `quantity`: "scores" (pre-softmax) or "probs". `crop` = (start,
     stop) keeps rows and columns start:stop (the authors' ViT window). `masked` (`MASKED`): the
@@ -69,7 +71,9 @@ def read_network(source, quantity: str, crop=None, masked: str = "row_mean") -> 
     From a path only `quantity` is read (scores and probs of 270 heads at 1024 tokens are 1.1 GB
     each in float32), a layer at a time into the network tensor, and NaN or inf is an error
     naming the store and the layer: the peak is the tensor and one layer's heads, not the
-    store's copy beside the tensor (a float16 store's layers are made float32 as they come)."""
+    store's copy beside the tensor (a float16 store's layers are made float32 as they come).
+    `units_first`: the tensor as (unit, query, key), the store's own order, for a reader that
+    wants heads whole (the explorer): no transposition, and no second copy to reorder it."""
     if quantity not in ("scores", "probs"):
         raise ValueError(f"quantity: must be 'scores' or 'probs', got {quantity!r}")
     if masked not in MASKED:
@@ -100,7 +104,7 @@ def read_network(source, quantity: str, crop=None, masked: str = "row_mean") -> 
         kv = np.broadcast_to(x["kv_group"].values, (n_head,)).astype(np.int64)
         coords["unit_kv_group"] = ("unit", np.tile(kv, n_layer))
     # units layer-major: layer i's heads are units i * n_head ... (i + 1) * n_head - 1
-    array = np.empty((nq, nk, n_layer * n_head), dtype=np.float32)
+    array = np.empty((n_layer * n_head, nq, nk) if units_first else (nq, nk, n_layer * n_head), dtype=np.float32)
     for i in range(n_layer):
         if isinstance(source, xr.Dataset):
             values = x.isel(layer=i).values
@@ -109,14 +113,18 @@ def read_network(source, quantity: str, crop=None, masked: str = "row_mean") -> 
                 values = store.load_variable(x.isel(layer=i).to_dataset(name=quantity), quantity, source, finite=True)
             except store.StoreError as exc:
                 raise store.StoreError(f"{exc} (layer {int(layers[i])})") from None
-        array[:, :, i * n_head:(i + 1) * n_head] = values.transpose(1, 2, 0)
+        if units_first:
+            array[i * n_head:(i + 1) * n_head] = values
+        else:
+            array[:, :, i * n_head:(i + 1) * n_head] = values.transpose(1, 2, 0)
         del values
     filled = 0
     if quantity == "scores" and masked == "row_mean":
-        filled = _fill_masked(source, ds, array, coords["unit_layer"][1], crop)
+        filled = _fill_masked(source, ds, array.transpose(1, 2, 0) if units_first else array,
+                              coords["unit_layer"][1], crop)
     # what the analysis did with masked entries, recorded by every store made from the tensor
     attrs = {**ds.attrs, "masked": masked if quantity == "scores" else "zero", "masked_filled": int(filled)}
-    return Network(array, coords, attrs)
+    return Network(array, coords, attrs, units_first)
 
 
 def _fill_masked(source, ds, array: np.ndarray, unit_layer: np.ndarray, crop) -> int:
