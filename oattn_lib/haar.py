@@ -18,7 +18,7 @@ from ._arrays import as_tensor, back
 from .sweep import haar_sweep
 from .trees import PartitionTree
 
-__all__ = ["haar_basis", "bihaar", "inverse_bihaar", "trihaar", "inverse_trihaar",
+__all__ = ["haar_basis", "bihaar", "inverse_bihaar", "trihaar", "trihaar_of_bihaar", "inverse_trihaar",
            "bihaar_support", "trihaar_support"]
 
 
@@ -108,17 +108,17 @@ def _transform(x: torch.Tensor, trees, inverse: bool, out: torch.Tensor | None =
     return out
 
 
-def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree):
+def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, overwrite: bool = False):
     """bi-Haar coefficients C_h = B_Q^T X_h B_K of every head (docs/method.md §3.5).
 
     X : float array or tensor of shape (n_query, n_key, n_head), or one (n_query, n_key)
     head (an integer input is computed in float32). The result has the same shape, dtype and
     device, indexed by (query basis, key basis[, head]), in the column order of `haar_basis`.
     Computed by fast sweeps through the trees (`sweep.haar_sweep`), O(n) per vector and
-    with no memory beyond the result.
+    with no memory beyond the result. `overwrite`: written over X itself, as `trihaar`'s.
     """
     x, was_np, single = _prepare(X, "X", (tree_q, tree_k), (2, 3))
-    c = _transform(x, (tree_q, tree_k), inverse=False)
+    c = _transform(x, (tree_q, tree_k), inverse=False, out=x if overwrite else None)
     return back(c[:, :, 0] if single else c, was_np)
 
 
@@ -132,16 +132,43 @@ def inverse_bihaar(C, tree_q: PartitionTree, tree_k: PartitionTree):
     return back(x[:, :, 0] if single else x, was_np)
 
 
-def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree, overwrite: bool = False):
+def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree, overwrite: bool = False,
+            out=None):
     """tri-Haar coefficients of the network: X x_1 B_Q^T x_2 B_K^T x_3 B_H^T (docs/method.md §3.5).
 
     X : float array or tensor of shape (n_query, n_key, n_head); the result has the same
     shape, dtype and device, indexed by (query basis, key basis, head basis). `overwrite`:
     the coefficients are written over X itself where X is a contiguous float tensor or array
-    (no memory beyond it: at 1024 tokens x 270 heads a copy is 1.1 GB); X is lost."""
+    (no memory beyond it: at 1024 tokens x 270 heads a copy is 1.1 GB); X is lost. `out`: a
+    contiguous tensor of that shape, dtype and device (or a numpy array on the CPU) that receives
+    the coefficients instead, and is returned: a buffer reused from call to call (fresh memory
+    costs more than the sweeps that fill it: 2-3 s of page faults for 1.1 GB here)."""
     x, was_np, _ = _prepare(X, "X", (tree_q, tree_k, tree_h), 3)
+    if out is not None:
+        if overwrite:
+            raise ValueError("trihaar: overwrite and out exclude each other")
+        dest, _ = as_tensor(out, "out", ndim=3, dtype=None, finite=False)  # its contents are overwritten
+        if dest.shape != x.shape or dest.dtype != x.dtype or dest.device != x.device or not dest.is_contiguous():
+            raise ValueError(f"out: expected a contiguous {x.dtype} array of shape {tuple(x.shape)} on {x.device}, "
+                             f"got {dest.dtype} {tuple(dest.shape)} on {dest.device}")
+        _transform(x, (tree_q, tree_k, tree_h), inverse=False, out=dest)
+        return out
     # x is X itself, or a contiguous float copy of it that nothing else holds
     return back(_transform(x, (tree_q, tree_k, tree_h), inverse=False, out=x if overwrite else None), was_np)
+
+
+def trihaar_of_bihaar(C, tree_h: PartitionTree, overwrite: bool = False):
+    """tri-Haar coefficients of the network from the bi-Haar coefficients C of its heads
+    (`bihaar`, shape (query basis, key basis, head)): the Haar sweep along the head axis, the
+    last of `trihaar`'s three, so the result is trihaar(X, tree_q, tree_k, tree_h) bit for bit
+    where C = bihaar(X, tree_q, tree_k) (docs/method.md §3.5). Same shape, dtype and device as C;
+    `overwrite` as `trihaar`'s."""
+    c, was_np = as_tensor(C, "C", ndim=3, dtype=None)
+    c = (c if c.is_floating_point() else c.float()).contiguous()
+    _check_tree(tree_h, "tree_h")
+    if c.shape[2] != tree_h.n:
+        raise ValueError(f"tree_h: has {tree_h.n} items but C axis 2 has length {c.shape[2]}")
+    return back(haar_sweep(c, tree_h, 2, inverse=False, out=c if overwrite else None), was_np)
 
 
 def inverse_trihaar(C, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):

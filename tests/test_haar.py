@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from oattn_lib import sweep
 from oattn_lib.haar import (bihaar, bihaar_support, haar_basis, inverse_bihaar, inverse_trihaar,
-                            trihaar)
+                            trihaar, trihaar_of_bihaar)
 from oattn_lib.sweep import haar_sweep
 from oattn_lib.trees import PartitionTree, balanced_tree, random_tree
 
@@ -313,3 +313,49 @@ def test_trihaar_over_its_input_gives_the_same_coefficients_in_the_inputs_memory
     kept = y.clone()
     np.testing.assert_allclose(trihaar(y, *trees, overwrite=True).numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     assert torch.equal(y, kept)
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_bihaar_over_its_input_then_the_head_sweep_is_the_trihaar_bit_for_bit(as_numpy):
+    """decompose writes the bi-Haar coefficients over the network tensor and sweeps them along the
+    heads into the tri-Haar ones: each the separate transform's coefficients, bit for bit (the same
+    sweeps in the same order), in X's memory; a head tree of the wrong size is an error."""
+    rng = np.random.default_rng(5)
+    x = rng.random((31, 24, 9)).astype(np.float32)
+    tq, tk, th = (random_tree(n, rng) for n in x.shape)
+    want2, want3 = bihaar(torch.from_numpy(x.copy()), tq, tk), trihaar(torch.from_numpy(x.copy()), tq, tk, th)
+    X = x.copy() if as_numpy else torch.from_numpy(x.copy())
+    c2 = bihaar(X, tq, tk, overwrite=True)
+    np.testing.assert_array_equal(np.asarray(c2), want2.numpy())
+    np.testing.assert_array_equal(np.asarray(X), want2.numpy())  # X holds them
+    c3 = trihaar_of_bihaar(c2, th, overwrite=True)
+    np.testing.assert_array_equal(np.asarray(c3), want3.numpy())
+    np.testing.assert_array_equal(np.asarray(X), want3.numpy())
+    # without overwrite the input is left alone
+    c2 = want2.clone()
+    np.testing.assert_array_equal(trihaar_of_bihaar(c2, th).numpy(), want3.numpy())
+    assert torch.equal(c2, want2)
+    # the head tree's size is checked against the head axis (not the query's or the key's)
+    with pytest.raises(ValueError, match="tree_h: has 24 items but C axis 2 has length 9"):
+        trihaar_of_bihaar(want2, tk)
+
+
+def test_trihaar_into_a_reused_buffer_is_the_same_coefficients_whatever_it_held():
+    """decompose's baselines go one after another into one buffer: each the coefficients trihaar
+    returns on its own, whatever the buffer held (NaN here); X is left alone; a buffer of another
+    shape or dtype, or out with overwrite, is an error naming it."""
+    rng = np.random.default_rng(6)
+    x = rng.random((17, 12, 5)).astype(np.float32)
+    X = torch.from_numpy(x.copy())
+    buf = torch.full(x.shape, float("nan"))
+    for seed in range(3):
+        trees = [random_tree(n, np.random.default_rng(seed)) for n in x.shape]
+        assert trihaar(X, *trees, out=buf) is buf
+        np.testing.assert_array_equal(buf.numpy(), trihaar(torch.from_numpy(x.copy()), *trees).numpy())
+    np.testing.assert_array_equal(X.numpy(), x)
+    with pytest.raises(ValueError, match=r"out: expected a contiguous torch.float32 array of shape \(17, 12, 5\)"):
+        trihaar(X, *trees, out=torch.zeros((17, 12, 4)))
+    with pytest.raises(ValueError, match="out: expected a contiguous torch.float32"):
+        trihaar(X, *trees, out=torch.zeros(x.shape, dtype=torch.float64))
+    with pytest.raises(ValueError, match="overwrite and out exclude each other"):
+        trihaar(X, *trees, out=buf, overwrite=True)

@@ -12,10 +12,11 @@ import xarray as xr
 from .. import store
 from ..diffusion import diffusion_map
 from ..entropy import coarse_coefficients, l1_norm, l1_over_l2, level_sums
-from ..haar import bihaar, haar_basis, trihaar
+from ..haar import bihaar, haar_basis, trihaar, trihaar_of_bihaar
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
 from ..runtime import resolve_device
+from ..sweep import empty
 from ..trees import balanced_tree, padded_labels, random_tree
 from ..units import resolve_unit
 from .common import each_sample, head_array, load_organization, model_mask, on_device, read_network
@@ -74,36 +75,38 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     originals = [a[:, :, u].copy() for u in figure_positions]
     xv = torch.from_numpy(a).to(resolve_device(device))
     del a
-    # the random-tree baselines first, each freed before the next, then the coefficients that
-    # are kept: at 1024 tokens x 270 heads every expansion is 1.1 GB, and computing the
+    # the random-tree baselines first, then the natural order's, one after another in one buffer
+    # (fresh memory for each cost 2-3 s of page faults at 1.1 GB), freed before the coefficients
+    # that are kept: at 1024 tokens x 270 heads every expansion is 1.1 GB, and computing the
     # baselines beside the kept bi- and tri-Haar coefficients made the peak one expansion higher
     rng = np.random.default_rng(0)
     rand_l1, rand_ratio = [], []
     t = time.perf_counter()
+    buf = empty(xv.shape, xv)
     for _ in range(random_tree_seeds):
-        cr = trihaar(xv, *(random_tree(n, rng) for n in xv.shape))
-        rand_l1.append(l1_norm(cr))
-        rand_ratio.append(float(l1_over_l2(cr.reshape(-1), 0)))
-        del cr
+        trihaar(xv, *(random_tree(n, rng) for n in xv.shape), out=buf)
+        rand_l1.append(l1_norm(buf))
+        rand_ratio.append(float(l1_over_l2(buf.reshape(-1), 0)))
     # the natural-order baseline: the same balanced trees over the tokens and heads in their own
     # order, which keeps locality and changes only the trees' shape (docs/method.md §6.3)
-    cn = trihaar(xv, *(balanced_tree(np.arange(n)) for n in xv.shape))
-    natural_l1, natural_ratio = l1_norm(cn), float(l1_over_l2(cn.reshape(-1), 0))
-    del cn
+    trihaar(xv, *(balanced_tree(np.arange(n)) for n in xv.shape), out=buf)
+    natural_l1, natural_ratio = l1_norm(buf), float(l1_over_l2(buf.reshape(-1), 0))
+    del buf
     log.info("decompose %s: random-tree baselines (%d seeds) and the natural order's, %.0f s", shape,
              random_tree_seeds, time.perf_counter() - t)
     t = time.perf_counter()
     (_, sq, lq), (_, sk, lk), (_, sh, lh) = (haar_basis(t) for t in (org.tree_q, org.tree_k, org.tree_h))
-    # one expansion at a time: what is kept of the bi-Haar coefficients is taken before the
-    # tri-Haar coefficients are computed, over the tensor itself (the tensor and one expansion
-    # at the peak, not the tensor and both: 1.1 GB less at 1024 tokens x 270 heads)
-    c2 = bihaar(xv, org.tree_q, org.tree_k)
-    bi, (vq, vk) = _bihaar_kept(c2, (sq, sk), (lq, lk), coarse_coefficients, figure_positions)
-    if keep_coefficients:
-        bi["bihaar"] = (("qbasis", "kbasis", "unit"), c2.cpu().numpy())
-    del c2
-    c3 = trihaar(xv, org.tree_q, org.tree_k, org.tree_h, overwrite=True)
+    # the tensor is not needed any more: the bi-Haar coefficients are written over it, what is
+    # kept of them taken, and the head axis's sweep turns them into the tri-Haar coefficients in
+    # place (the tri-Haar expansion is the bi-Haar one swept along the heads, bit for bit: two
+    # sweeps of the tensor fewer, and never a second copy of it)
+    c2 = bihaar(xv, org.tree_q, org.tree_k, overwrite=True)
     del xv
+    bi, (vq, vk) = _bihaar_kept(c2, (sq, sk), (lq, lk), coarse_coefficients, figure_positions)
+    if keep_coefficients:  # a copy: the tri-Haar coefficients overwrite these
+        bi["bihaar"] = (("qbasis", "kbasis", "unit"), c2.numpy().copy() if c2.device.type == "cpu" else c2.cpu().numpy())
+    c3 = trihaar_of_bihaar(c2, org.tree_h, overwrite=True)
+    del c2
     tri, vh = _trihaar_kept(c3, (sq, sk, sh), (lq, lk, lh), coarse_coefficients)
     if keep_coefficients:
         tri["trihaar"] = (("qbasis", "kbasis", "hbasis"), c3.cpu().numpy())
