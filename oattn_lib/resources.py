@@ -57,7 +57,8 @@ __all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "larges
            "memory_mb", "stored_heads", "HeadJob", "HEAD_JOBS", "theorem1_head_samples", "head_job_memory_mb",
            "head_job_runtime_minutes",
            "runtime_minutes", "ModelJob", "MODEL_JOBS", "EVAL_BUDGET_MB", "parameter_count", "model_job_features",
-           "model_job_memory_mb", "model_job_runtime_minutes", "prune_passes", "model_files"]
+           "model_job_memory_mb", "model_job_runtime_minutes", "prune_passes", "model_files", "PrepareJob",
+           "PREPARE_JOB", "prepare_memory_mb"]
 
 GROWTH = 1.5
 """Each retry asks for this many times the previous attempt's memory and time."""
@@ -276,6 +277,36 @@ MODEL_JOBS = {
     "extract": ModelJob(828.0, 1.38, 4.84, 0.0, 19.7, 0.0086),
     "prune": ModelJob(935.0, 2.63, 0.958, 1.84, 216.0, 0.00198),
 }
+
+@dataclass(frozen=True)
+class PrepareJob:
+    """Peak memory (MB) of prepare_model = base_mb + copies x the dequantised float32 weights
+    (MB): transformers builds the float32 state dict from the GGUF file, then the model from it,
+    so two copies are held at once beside the interpreter, torch and transformers."""
+
+    base_mb: float
+    copies: float
+
+
+PREPARE_JOB = PrepareJob(800.0, 2.0)
+"""prepare_model's model (`prepare_memory_mb`). Measured: SmolLM2-135M (a 98 MB Q4_1 file, 134.5M
+parameters, 538 MB as float32) peaks at 1.6-1.7 GB, so it asks 1.9 GB (tests/test_decoders.py
+runs the job and holds the ask to its peak)."""
+
+
+def prepare_memory_mb(gguf_path: str | os.PathLike | None, attempt: int = 1, fallback_mb: float = 22000.0) -> int:
+    """Memory (MB) a prepare_model job asks for, from the parameters of its GGUF file (read from the
+    header: `models.files.gguf_parameter_count`, whatever the file's quantisation); `fallback_mb`
+    where there is no local file to read (a hub id: the file comes with the job; 22 GB holds a
+    model of about 2.6 billion parameters). `GROWTH` times more on each retry."""
+    from .models.files import gguf_parameter_count
+
+    if gguf_path:
+        mb = PREPARE_JOB.base_mb + PREPARE_JOB.copies * gguf_parameter_count(gguf_path) * 4 / 1e6
+    else:
+        mb = fallback_mb
+    return int(math.ceil(mb * GROWTH ** (attempt - 1)))
+
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,

@@ -316,10 +316,36 @@ def test_smollm2_gguf_attention(smollm2):
 
 
 @needs_smollm2
+def test_the_gguf_parameter_count_is_the_gguf_packages(tmp_path):
+    """Our header reader (no import of the gguf package in the workflow's process) counts what the
+    gguf package's reader counts in SmolLM2's Q4_1 file: 134.5M parameters."""
+    import math
+
+    from gguf import GGUFReader
+
+    d, name = files.smollm2_path()
+    want = sum(math.prod(int(k) for k in t.shape) for t in GGUFReader(Path(d) / name).tensors)
+    assert files.gguf_parameter_count(Path(d) / name) == want > 100_000_000
+
+
+@needs_smollm2
 def test_prepare_model_gives_the_gguf_models_attention(smollm2, tmp_path):
-    from oattn_lib.stages.prepare_model import prepare_model
+    """prepare_model, run as a job runs (a fresh process), writes a float32 directory that gives
+    the GGUF model's attention and completes a sentence, and peaks below what its rule asks for
+    (`resources.prepare_memory_mb`, from the file's header) and above two thirds of it."""
+    import subprocess
+    import sys
+
+    from oattn_lib.resources import prepare_memory_mb
     out = tmp_path / "smollm2" / "model"
-    prepare_model("smollm2", None, out)
+    code = ("from oattn_lib.stages.prepare_model import prepare_model\n"
+            f"prepare_model('smollm2', None, {str(out)!r})\n"
+            "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak_mb = int(proc.stdout.split()[-1]) / 1024
+    ask = prepare_memory_mb(Path(files.smollm2_path()[0]) / files.SMOLLM2_FILE)
+    assert peak_mb <= ask <= 1.5 * peak_mb, (peak_mb, ask)
     assert {"config.json", "model.safetensors", "tokenizer.json", "source.json"} <= {p.name for p in out.iterdir()}
     assert not list(out.parent.glob(".model.tmp-*"))
     assert json.loads((out / "source.json").read_text())["gguf_file"] == files.SMOLLM2_FILE

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from oattn_lib.config import ConfigError, validate_config
-from oattn_lib.models.files import gguf_metadata, hf_max_positions
+from oattn_lib.models.files import gguf_metadata, gguf_parameter_count, hf_max_positions
 
 from test_config import REPO, SCHEMA, assert_one_line_error
 
@@ -97,6 +97,32 @@ def test_a_malformed_header_is_an_error_naming_the_file_that_allocates_nothing(t
         tracemalloc.stop()
     assert str(d / "m.gguf") in str(err.value) and "\n" not in str(err.value)
     assert peak < 1 << 20  # nothing in proportion to the number read
+
+
+def tensor_record(name: str, dims: tuple, dtype: int = 2, offset: int = 0) -> bytes:
+    """A GGUF tensor record: name, dimensions, type (2: Q4_0) and offset into the data."""
+    return _string(name.encode()) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, dtype, offset)
+
+
+def test_the_parameter_count_is_the_tensor_records_elements_after_every_entry(tmp_path):
+    """Every metadata entry is skipped (a string array among them) before the tensor records, whose
+    dimensions multiply whatever their quantisation; a header of no tensors has none."""
+    tokens = _string(b"tokenizer.tokens") + struct.pack("<IIQ", 9, 8, 3) + b"".join(_string(t) for t in (b"a", b"bc", b""))
+    records = [tensor_record("token_embd.weight", (64, 100)), tensor_record("blk.0.attn_q.weight", (64, 64), 8),
+               tensor_record("output_norm.weight", (64,), 0)]
+    data = b"GGUF" + struct.pack("<IQQ", 3, len(records), len(GOOD) + 1) + b"".join(GOOD + [tokens] + records)
+    d = model_dir(tmp_path, data)
+    assert gguf_parameter_count(d / "m.gguf") == 64 * 100 + 64 * 64 + 64
+    assert gguf_metadata(d / "m.gguf", ["llama.block_count"]) == {"llama.block_count": 2}
+    assert gguf_parameter_count(model_dir(tmp_path, gguf_bytes(GOOD)) / "m.gguf") == 0
+    # 2^40 records claimed, or one claiming 2^40 dimensions: an error, nothing allocated for them
+    for bad, expect in ((b"GGUF" + struct.pack("<IQQ", 3, 1 << 40, len(GOOD)) + b"".join(GOOD), "the tensor records of"),
+                        (b"GGUF" + struct.pack("<IQQ", 3, 1, len(GOOD)) + b"".join(GOOD) + _string(b"w")
+                         + struct.pack("<I", 1 << 31) + bytes(64), "a tensor's dimensions of"),
+                        (data[:-3], "truncated GGUF header")):
+        with pytest.raises(ValueError, match=expect) as err:
+            gguf_parameter_count(model_dir(tmp_path, bad) / "m.gguf")
+        assert str(d / "m.gguf") in str(err.value)
 
 
 def test_a_malformed_gguf_model_stops_the_run_at_start_up_naming_the_key(config, tmp_path):

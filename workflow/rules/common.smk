@@ -282,9 +282,8 @@ def gguf_source(wildcards):
 
 
 def prepare_mem_mb(wildcards, input, attempt):
-    # the GGUF file, the dequantised float32 weights (about 8 x a 4-bit file) and a copy
-    size_mb = os.path.getsize(input.gguf) / 1e6 if input.gguf else 1000
-    return int(2000 + 20 * size_mb) * attempt
+    # two copies of the dequantised float32 weights, their parameters read from the GGUF header
+    return oattn_resources.prepare_memory_mb(input.gguf or None, attempt)
 
 
 def user_inputs(wildcards):
