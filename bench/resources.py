@@ -216,7 +216,7 @@ FIT_MEMORY = {"figures": ("base_mb", "mb_per_mb", "per_token", "per_head"), "the
 # asked for below what the code holds (organize: the tensor; decompose: the tensor and one
 # expansion; stability: the tensor, a perturbed copy and its bi-Haar expansion; an explorer job:
 # the tensor and its heads reordered unit-first)
-FIT_TENSOR_COPIES = {"organize": 1.0, "decompose": 2.0, "stability": 3.0, "explorer": 2.0}
+FIT_TENSOR_COPIES = {"organize": 1.0, "decompose": 2.0, "stability": 3.0, "explorer": 1.0}
 
 
 def _fit_columns(features: dict, names, targets, lo: float, hi: float | None, rule: str = "",

@@ -90,17 +90,17 @@ class JobModel:
 # module's docstring); a rule not listed here keeps the profile's default resources.
 MODELS = {
     # organize: its affinities and their eigenvectors beside the tensor
-    "organize": JobModel(829.0, 1.0, 13.7, 0.0, per_sample_time=True, s_per_mb_token=0.119, per_token=0.438),
-    "decompose": JobModel(893.0, 2.0, 16.3, 0.0, per_sample_time=True, s_per_mb_token=0.0933, per_token=0.406),
+    "organize": JobModel(829.0, 1.0, 13.6, 0.00848, per_sample_time=True, s_per_mb_token=0.0465, per_token=0.436),
+    "decompose": JobModel(892.0, 2.0, 16.3, 0.0, per_sample_time=True, s_per_mb_token=0.032, per_token=0.424),
     "entropy": JobModel(159.0, 0.0, 2.64, 0.0, per_sample_time=True),
-    "organize2d": JobModel(948.0, 0.532, 19.8, 0.0149, per_sample_time=True),
+    "organize2d": JobModel(785.0, 0.624, 19.7, 0.0185, per_sample_time=True),
     "stability": JobModel(995.0, 3.05, 36.9, 0.0826, per_sample_time=True),
     # figures: the temperature figure's paraproduct holds its block means of every pair of levels
     # and a few temporaries of one head (float64), whatever the number of heads
-    "figures": JobModel(748.0, 0.0626, 17.9, 0.219, per_head=41.4, per_token=0.66),
+    "figures": JobModel(748.0, 0.0641, 18.5, 0.121, per_head=41.2, s_per_mb_token=0.00963, per_token=0.665),
     # also the explorer_plan and explorer_sample jobs of a model of one job per sample: each holds
     # what the page job holds of one sample (it reads and encodes it)
-    "explorer": JobModel(830.0, 2.0, 9.6, 0.0182, per_sample_time=True, s_per_mb_token=0.0154, per_token=0.212),
+    "explorer": JobModel(828.0, 1.09, 9.47, 0.0291, per_sample_time=True, per_token=0.358),
 }
 
 
@@ -222,7 +222,7 @@ class HeadJob:
 
 # Fitted to the theorem1 rows of bench/resources.csv (`work`: the head-samples measured): the
 # default run's four models (64-128 tokens) and SmolLM2 at 1024 (270 and 27 heads), 2048 and 4096 tokens.
-HEAD_JOBS = {"theorem1": HeadJob(719.0, 0.0, 19.3, 0.719, 1.07, per_token=1.18)}
+HEAD_JOBS = {"theorem1": HeadJob(720.0, 0.0, 0.0, 0.784, 1.17, per_token=1.16)}
 
 
 def theorem1_head_samples(n_heads: int, n_samples: int, max_heads: int) -> int:
@@ -274,8 +274,8 @@ class ModelJob:
 # Fitted to bench/model_jobs.csv (`python bench/resources.py --fit bench/model_jobs.csv`): the
 # default run's four models (64-128 tokens) and SmolLM2 at 1024 and 4096 tokens.
 MODEL_JOBS = {
-    "extract": ModelJob(828.0, 1.38, 4.84, 0.0, 19.7, 0.0086),
-    "prune": ModelJob(935.0, 2.63, 0.958, 1.84, 216.0, 0.00198),
+    "extract": ModelJob(828.0, 1.44, 4.79, 0.0, 20.0, 0.00461),
+    "prune": ModelJob(935.0, 2.63, 0.995, 1.84, 216.0, 0.00201),
 }
 
 @dataclass(frozen=True)
