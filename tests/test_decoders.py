@@ -338,13 +338,16 @@ def test_prepare_model_gives_the_gguf_models_attention(smollm2, tmp_path):
 
     from oattn_lib.resources import prepare_memory_mb
     out = tmp_path / "smollm2" / "model"
-    code = ("from oattn_lib.stages.prepare_model import prepare_model\n"
+    code = ("from oattn_lib.runtime import setup_logging\n"  # as scripts/prepare_model.py: one thread
+            "from oattn_lib.stages.prepare_model import prepare_model\n"
+            f"setup_logging({str(tmp_path / 'prepare.log')!r}, 1)\n"
             f"prepare_model('smollm2', None, {str(out)!r})\n"
             "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     peak_mb = int(proc.stdout.split()[-1]) / 1024
     ask = prepare_memory_mb(Path(files.smollm2_path()[0]) / files.SMOLLM2_FILE)
+    print(f"prepare_model: peak {peak_mb:.0f} MB, asks {ask} MB")
     assert peak_mb <= ask <= 1.5 * peak_mb, (peak_mb, ask)
     assert {"config.json", "model.safetensors", "tokenizer.json", "source.json"} <= {p.name for p in out.iterdir()}
     assert not list(out.parent.glob(".model.tmp-*"))
