@@ -1,7 +1,8 @@
 """Time and peak memory of the smoothness measures of Theorem 1 and Corollary 1 (docs/method.md §7.7).
 
-For `residual_smoothness` (paraproduct, Corollary 1 and two Haar decay fits of one head) and
-`haar_decay` (one array, or a batch in one call), on one head of 128, 512 and 1024 tokens and
+For `residual_smoothness` (every approximation of `paraproduct.approximations` and three Haar decay
+fits of one head: the measures of Theorem 1) and `haar_decay` (one array, or a batch in one
+call), on one head of 128, 512 and 1024 tokens and
 on 48 heads of 128 tokens (`haar_decay` batched; `residual_smoothness` one head after another,
 as the paraproduct is per head). Each case runs in a fresh process on one thread
 (`runtime.cap_threads(1)`), after a small warm-up call (numba's kernels loaded); it reports the

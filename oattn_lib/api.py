@@ -596,7 +596,9 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
     per replicate `head_entropy`, `head_sparsity` (unit), `network_entropy`, `network_sparsity`,
     `sparsity_ratio`, `ari_layer`, `ari_kv_group`, `same_tree_q/k/h`, the heads'
     `diffusion_coords` (unit, component), and where the paraproduct was run, per figure head,
-    `paraproduct_residual`, `corollary1_residual`, `alpha_softmax` and `alpha_residual`.
+    the measures of `oattn_lib.stability.FIG_MEASURES`: the theorem1 table's Theorem 1 measures
+    (`paraproduct_residual`, the baselines' and Corollary 1's residuals, `alpha_scores`,
+    `alpha_softmax`, `alpha_residual`; docs/method.md §7.7).
     `oattn_lib.stability.stability_summary(ds)` tables how far each measure moved.
     """
     import json

@@ -13,6 +13,9 @@ g_{j+1,j'+1} - g_{j,j'+1} - g_{j+1,j'} + g_{j,j'}. The paraproduct keeps the
 first-order term of every one-dimensional difference and the terms
 exp(E f) * (D f + Dx f * Dy f) of every mixed one (A' = A'' = exp). Softmax is the
 row normalisation of exp(f) by its exact row sums, a linear map applied to every term.
+`approximations` gives, from the same block averages and in the same pass over the level pairs,
+the paraproduct without its cross terms, the paper's Corollary 1 and its Taylor variant
+(docs/method.md §7.7), each divided by the exact row sums and by its own, and uniform attention.
 
 Numerical range. The decomposition is pointwise: all the terms at entry (i, k) may be
 multiplied by one factor of that entry without changing the identity, but f itself may
@@ -57,7 +60,8 @@ import torch
 from ._arrays import as_tensor, back
 from .trees import balanced_tree
 
-__all__ = ["Paraproduct", "block_averages", "check_order", "paraproduct", "relative_residuals", "telescoping_sum"]
+__all__ = ["APPROXIMATIONS", "Approximations", "Paraproduct", "ROW_SUM_FLOOR", "approximations", "block_averages",
+           "check_order", "paraproduct", "relative_residuals", "telescoping_sum"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,8 +151,9 @@ class _Blocks:
         return self.block(a, b)[self.rows.labels[a]][:, self.cols.labels[b]]
 
 
-def _approximation(blocks: _Blocks, tau: float = 1.0):
-    """Paraproduct approximation of exp(tau f), row i scaled by exp(-s_i); returns (sum, s).
+def _approximation(blocks: _Blocks, tau: float = 1.0, variants: bool = False):
+    """Paraproduct approximation of exp(tau f), row i scaled by exp(-s_i); returns (sum, s), and
+    with `variants` (sum, sum without the cross terms, cross, s).
 
     Every term exp(E_{j,j'} f) of row i is multiplied by exp(-s_i), s_i the largest
     exponent among the row's terms (see the module docstring), so no exponential exceeds 1
@@ -166,13 +171,23 @@ def _approximation(blocks: _Blocks, tau: float = 1.0):
     `tau` a float gives (N, M) and (N,); a 1-D tensor of T temperatures gives (T, N, M) and
     (T, N), each temperature's the same numbers as alone: the loop over the level pairs is
     run once for all of them.
+
+    `variants`: in the same pass, the approximation with every mixed term exp(E f) D instead of
+    exp(E f)(D + Dx Dy) (the cross terms dropped; scaled and expanded as the sum), and
+    sum_{j,j'} Dx_{j,j'} f * Dy_{j,j'} f itself, unscaled (docs/method.md §7.7).
     """
     rows, cols = blocks.rows, blocks.cols
     jr, jc = rows.depth, cols.depth
     single = not isinstance(tau, torch.Tensor)
     t = torch.as_tensor([tau] if single else tau, dtype=blocks.compact.dtype, device=blocks.compact.device)
 
+    # one temperature: every block mean scaled at once (as many entries as the block means);
+    # several: each block when used, so that no T-fold copy of all of them is held
+    whole = t[:, None, None] * blocks.compact if single else None
+
     def e(a, b):
+        if whole is not None:
+            return whole[:, rows.span(a), cols.span(b)]
         return t[:, None, None] * blocks.block(a, b)
 
     per_folder = t[:, None] * blocks.compact.amax(1)  # tau > 0: the largest exponent of each row folder
@@ -181,35 +196,62 @@ def _approximation(blocks: _Blocks, tau: float = 1.0):
         sigma.append(torch.maximum(sigma[a - 1][:, rows.parents[a]], per_folder[:, rows.span(a)]))
 
     def term(a, b):
+        """(the term living on the folders of levels (a, b), times exp(-sigma); the same
+        without its cross term; the cross term Dx Dy alone, unscaled, or None where a or b is 0)"""
         s = sigma[a][:, :, None]
         if a == 0 and b == 0:
-            return torch.exp(e(0, 0) - s)
+            g = torch.exp(e(0, 0) - s)
+            return g, g, None
         if a == 0:
             e0 = e(0, b - 1)[:, :, cols.parents[b]]
-            return torch.exp(e0 - s) * (e(0, b) - e0)
+            g = torch.exp(e0 - s) * (e(0, b) - e0)
+            return g, g, None
         pr = rows.parents[a]
         if b == 0:
             e0 = e(a - 1, 0)[:, pr]
-            return torch.exp(e0 - s) * (e(a, 0) - e0)
+            g = torch.exp(e0 - s) * (e(a, 0) - e0)
+            return g, g, None
         pc = cols.parents[b]
         e01 = e(a - 1, b)[:, pr]                  # E_{j, j'+1}, with j = a - 1, j' = b - 1
         e00 = e(a - 1, b - 1)[:, pr][:, :, pc]    # E_{j, j'}
         dx0 = e(a, b - 1)[:, :, pc] - e00         # Dx_{j, j'}
+        dx1 = e(a, b) - e01                       # Dx_{j, j'+1}
+        g = torch.exp(e00 - s)
         # D + Dx Dy = Dx_{j,j'+1} - Dx_{j,j'} + Dx_{j,j'} Dy_{j,j'}
-        return torch.exp(e00 - s) * ((e(a, b) - e01) + dx0 * ((e01 - e00) - 1.0))
+        full = g * (dx1 + dx0 * ((e01 - e00) - 1.0))
+        if not variants:
+            return full, None, None
+        # D alone, and Dx Dy alone
+        return full, g * (dx1 - dx0), dx0 * (e01 - e00)
 
-    total = None
+    total = nocross = cross = None
     for a in range(jr + 1):
-        acc = term(a, 0)
+        acc, acc_nc, acc_x = term(a, 0)
         for b in range(1, jc + 1):
-            acc = acc[:, :, cols.parents[b]] + term(a, b)
+            pc = cols.parents[b]
+            full, nc, x = term(a, b)
+            acc = acc[:, :, pc] + full
+            if variants:
+                acc_nc = acc_nc[:, :, pc] + nc
+                acc_x = x if acc_x is None else acc_x[:, :, pc] + x   # x is a tensor: a >= 1, b >= 1
         if total is None:
-            total = acc
+            total, nocross, cross = acc, acc_nc, acc_x
         else:
             pr = rows.parents[a]
-            total = total[:, pr] * torch.exp(sigma[a - 1][:, pr] - sigma[a])[:, :, None] + acc
-    approx, shift = total[:, rows.labels[jr]][:, :, cols.labels[jc]], sigma[jr][:, rows.labels[jr]]
-    return (approx[0], shift[0]) if single else (approx, shift)
+            factor = torch.exp(sigma[a - 1][:, pr] - sigma[a])[:, :, None]
+            total = total[:, pr] * factor + acc
+            if variants:
+                nocross = nocross[:, pr] * factor + acc_nc
+                cross = acc_x if cross is None else cross[:, pr] + acc_x
+
+    def entries(t):
+        return t[:, rows.labels[jr]][:, :, cols.labels[jc]]
+
+    out = [entries(total)]
+    if variants:
+        out += [entries(nocross), torch.zeros_like(out[0]) if cross is None else entries(cross)]
+    out.append(sigma[jr][:, rows.labels[jr]])
+    return tuple(o[0] for o in out) if single else tuple(out)
 
 
 def _telescoping_coefficients(jr: int, jc: int) -> np.ndarray:
@@ -360,7 +402,8 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) 
     divided by Z_i. Renormalising the approximation by its own row sums would be a
     nonlinear step outside the decomposition, hiding part of the residual in the
     normaliser (and dividing by a sum that can be near zero or negative). As a
-    consequence the rows of `approximation` need not sum exactly to 1.
+    consequence the rows of `approximation` need not sum exactly to 1. `approximations`
+    gives the self-normalised one beside it (docs/method.md §7.5).
 
     Masked (causal, sliding-window) heads: `allowed` (N, M) bool in f's own order, False
     where the model may not attend. The reference is then the model's masked softmax,
@@ -382,6 +425,178 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) 
                        approximation=back(approximation, was_numpy),
                        residual=back(residual, was_numpy), relative_residual=rel,
                        row_order=r, col_order=c, n_scales=(blocks.rows.depth, blocks.cols.depth))
+
+
+ROW_SUM_FLOOR = 1e-12
+"""A self-normalised approximation is undefined on a row whose own sum over the allowed entries is
+at most this fraction of the sum of their absolute values: below the rounding error of a float64
+sum of up to about 10^4 terms, so a sum that vanishes in exact arithmetic is not divided by."""
+
+APPROXIMATIONS = ("paraproduct", "paraproduct_nocross", "corollary1", "corollary1_nocross", "taylor", "taylor_nocross")
+"""The approximations of exp(f) that `approximations` compares with the softmax, in its order
+(docs/method.md §7.3, §7.7): the paraproduct, and without its cross terms; the paper's Corollary 1,
+sum_{j,j'} (D + Dx Dy), and sum D alone; its Taylor variant 1 + (f - mu) + sum Dx Dy, and
+1 + (f - mu)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Approximations:
+    """The approximations of `APPROXIMATIONS` of softmax(organized head), each divided by the exact
+    row sums and by its own, and uniform attention (docs/method.md §7.5, §7.7).
+
+    Attributes
+    ----------
+    names : tuple of str
+        `APPROXIMATIONS`, the order of the leading axis K of the stacked arrays.
+    organized : ndarray or Tensor of shape (N, M)
+        f[row_order][:, col_order].
+    allowed : ndarray or Tensor of bool, shape (N, M), or None
+        The mask in the organized order (None: no mask).
+    exact : ndarray or Tensor of shape (N, M)
+        The (masked) row softmax of `organized`.
+    true_z : ndarray or Tensor of shape (K, N, M)
+        Each approximation of exp(f) divided by the exact row sums Z_i and zero at masked
+        entries (§7.5); not finite where float64 cannot hold it (§7.4).
+    selfnorm : ndarray or Tensor of shape (K, N, M)
+        Each approximation divided by its own row sums over the allowed entries, zero at masked
+        entries; zero on a row where that sum is not finite and > 0, i.e. not finite or at most
+        `ROW_SUM_FLOOR` times the sum of the absolute values: undefined there, the approximation
+        attends nowhere in that row and its error is the row of `exact`. A row with no allowed
+        entry is zero, as in `exact`.
+    uniform : ndarray or Tensor of shape (N, M)
+        Uniform attention: 1/n_i on the n_i allowed entries of row i, 0 elsewhere.
+    residual, selfnorm_residual : ndarray of shape (K,)
+        ||exact - approximation||_F / ||exact||_F of `true_z` and of `selfnorm`; +inf where the
+        approximation has an entry that is not finite (beyond float64), NaN where `exact` is zero
+        (no allowed entry at all).
+    uniform_residual : float
+        The same of `uniform`.
+    representable : ndarray of bool, shape (K,)
+        Whether float64 holds each `true_z` (all its entries finite).
+    mean : float
+        mu, the mean of f over all entries (masked ones included), where Corollary 1 and its
+        Taylor variant take A' = A'' = 1.
+    row_order, col_order : ndarray of int64
+        The permutations used.
+    """
+
+    names: tuple[str, ...]
+    organized: np.ndarray | torch.Tensor
+    allowed: np.ndarray | torch.Tensor | None
+    exact: np.ndarray | torch.Tensor
+    true_z: np.ndarray | torch.Tensor
+    selfnorm: np.ndarray | torch.Tensor
+    uniform: np.ndarray | torch.Tensor
+    residual: np.ndarray
+    selfnorm_residual: np.ndarray
+    uniform_residual: float
+    representable: np.ndarray
+    mean: float
+    row_order: np.ndarray
+    col_order: np.ndarray
+
+
+def approximations(f, row_order=None, col_order=None, allowed=None) -> Approximations:
+    """The paraproduct, Corollary 1 as the paper states it, its Taylor variant, each with and
+    without the cross terms, and uniform attention, against softmax of one head (docs/method.md §7.5,
+    §7.7), from one set of block averages and one pass over the level pairs.
+
+    With D, Dx, Dy the differences of block averages of docs/method.md §7.3 and mu the mean of f,
+    the approximations of exp(f) (`APPROXIMATIONS`) are
+
+    - paraproduct: §7.3 (A' = A'' = exp); paraproduct_nocross: the same with every mixed term
+      exp(E_{j,j'} f) D_{j,j'} f, the cross terms exp(E f) Dx Dy dropped;
+    - corollary1: exp(mu) sum_{j,j'} (D_{j,j'} f + Dx_{j,j'} f * Dy_{j,j'} f), the paper's eq. 18
+      with A' = A'' = 1; corollary1_nocross: exp(mu) sum_{j,j'} D_{j,j'} f. The sum of the D
+      telescopes to the double-centred f, f - row means - column means + mu, which is how it is
+      computed;
+    - taylor: exp(mu) (1 + (f - mu) + sum_{j,j'} Dx Dy); taylor_nocross: exp(mu) (1 + (f - mu)),
+      the first-order Taylor polynomial of exp about the mean.
+
+    Each is mapped to the softmax twice: divided by the exact row sums Z_i, the linear map of
+    §7.5 (as `paraproduct`, whose approximation and relative residual the first is), and divided
+    by its own row sums over the allowed entries (self-normalised: rows summing to 1, a
+    nonlinear step; undefined on a row whose own sum is not finite and > 0 beyond its rounding
+    error, `ROW_SUM_FLOOR`, where it attends nowhere: zero). Uniform attention, the mean of each row of the softmax
+    over its allowed entries, is the baseline any approximation must beat (§7.7).
+
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        Pre-softmax scores, rows = queries; computed in float64 on its device.
+    row_order, col_order : int array of shape (N,) and (M,), optional
+        Permutations organizing the axes (None: f is organized).
+    allowed : bool array of shape (N, M), optional
+        The model's mask in f's own order (§7.5); None: no mask.
+
+    Returns
+    -------
+    Approximations
+        Arrays numpy or torch like f, float64. Beyond float64 (§7.4) an approximation's entries
+        and relative residuals are not finite instead of raising.
+
+    Raises
+    ------
+    ValueError
+        Naming f, row_order, col_order or allowed when they are not valid.
+    """
+    x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
+    organized, mask, blocks, r, c = _prepare(x, row_order, col_order, None, allowed)
+    jr, jc = blocks.rows.depth, blocks.cols.depth
+    para, para_nc, cross, shift = _approximation(blocks, variants=True)
+    if jr and jc:  # sum of the D telescoped: E_{J,J'} - E_{J,0} - E_{0,J'} + E_{0,0}, the double-centred f
+        sum_d = ((blocks.expanded(jr, jc) - blocks.expanded(jr, 0))
+                 - (blocks.expanded(0, jc) - blocks.expanded(0, 0)))
+    else:
+        sum_d = torch.zeros_like(organized)
+    mu = organized.mean()
+    first = 1.0 + (organized - mu)
+    scaled = torch.stack([para, para_nc, sum_d + cross, sum_d, first + cross, first])
+    shifts = torch.stack([shift, shift] + [mu.expand(shift.shape)] * 4)
+    exact, rowmax, z = _exact_softmax(organized, mask)
+    true_z = _true_z(scaled, shifts, rowmax, z, mask)[0]
+    ok = torch.ones_like(organized, dtype=torch.bool) if mask is None else mask
+    zero = torch.zeros((), dtype=organized.dtype, device=organized.device)
+    own = torch.where(ok, scaled, zero).sum(-1)                               # (K, N)
+    # a sum within its rounding error of 0 is 0 (sum D cancels exactly on every unmasked row)
+    floor = ROW_SUM_FLOOR * torch.where(ok, scaled.abs(), zero).sum(-1)
+    defined = (torch.isfinite(own) & (own > floor)) | ~ok.any(-1)
+    # an undefined row attends nowhere: its error is the whole softmax row, the rest still counts
+    selfnorm = torch.where(ok & defined[..., None], scaled / torch.where(defined, own, 1.0)[..., None], zero)
+    uniform = torch.where(ok, 1.0 / ok.sum(-1, keepdim=True).clamp(min=1).to(organized.dtype), zero)
+    rel = _relative_residuals(exact, torch.cat([true_z, selfnorm, uniform[None]]))
+    k = len(APPROXIMATIONS)
+    representable = torch.isfinite(true_z).flatten(1).all(1).cpu().numpy()
+    return Approximations(names=APPROXIMATIONS, organized=back(organized, was_numpy),
+                          allowed=None if mask is None else back(mask, was_numpy), exact=back(exact, was_numpy),
+                          true_z=back(true_z, was_numpy), selfnorm=back(selfnorm, was_numpy),
+                          uniform=back(uniform, was_numpy), residual=rel[:k], selfnorm_residual=rel[k:2 * k],
+                          uniform_residual=float(rel[2 * k]), representable=representable, mean=float(mu),
+                          row_order=r, col_order=c)
+
+
+def _relative_residuals(exact: torch.Tensor, approx: torch.Tensor) -> np.ndarray:
+    """||exact - approx[k]||_F / ||exact||_F for each k of approx (K, N, M), float64 (K,): +inf where
+    approx[k] has an entry that is not finite or the ratio overflows, NaN where exact is 0."""
+    def norms(t):
+        # Frobenius norms of (..., N, M); again with each array divided by its largest entry where
+        # the squares overflow or underflow (the array's entries beyond 1e154 or below 1e-154)
+        out = torch.linalg.vector_norm(t, dim=(-2, -1))
+        redo = ~torch.isfinite(out) | (out < 1e-150)
+        if bool(redo.any()):
+            part = t[redo]
+            big = part.abs().amax((-2, -1))
+            ok = torch.isfinite(big) & (big > 0)
+            safe = torch.where(ok, big, torch.ones_like(big))
+            out[redo] = torch.where(ok, safe * torch.linalg.vector_norm(part / safe[..., None, None], dim=(-2, -1)),
+                                    big)
+        return out
+
+    scale = norms(exact[None])[0]
+    if not float(scale) > 0:
+        return np.full(approx.shape[0], np.nan)
+    rel = norms(exact[None] - approx) / scale          # not finite where approx is not
+    return torch.where(torch.isfinite(rel), rel, torch.full_like(rel, float("inf"))).cpu().numpy()
 
 
 def relative_residuals(f, taus, row_order=None, col_order=None, n_scales=None, allowed=None) -> np.ndarray:
@@ -468,23 +683,41 @@ def _softmax_terms(organized: torch.Tensor, mask, blocks: _Blocks, tau=1.0) -> _
     else:
         scaled = organized if tau == 1.0 else tau * organized
     approx_scaled, shift = _approximation(blocks, tau)
+    exact, rowmax, z = _exact_softmax(scaled, mask)
+    approximation, log_scale = _true_z(approx_scaled, shift, rowmax, z, mask)
+    return _Terms(scaled, approx_scaled, shift, rowmax, log_scale, exact, approximation, exact - approximation)
+
+
+def _exact_softmax(scaled: torch.Tensor, mask):
+    """The (masked) row softmax of `scaled` (..., N, M), its rows' largest allowed entries m_i
+    (0 where a row has none) and z_i = sum_k exp(f[i, k] - m_i) over the allowed entries (1 where
+    none), so that Z_i = exp(m_i) z_i."""
     visible = scaled if mask is None else scaled.masked_fill(~mask, float("-inf"))
     rowmax = visible.amax(-1)
     rowmax = torch.where(torch.isfinite(rowmax), rowmax, torch.zeros_like(rowmax))  # rows with nothing allowed
     z = torch.exp(visible - rowmax[..., None]).sum(-1)  # >= 1 wherever a row has an allowed entry
     z = torch.where(z > 0, z, torch.ones_like(z))
-    # approximation of softmax = approx_scaled * exp(s - m) / Z, scaled back in log form
-    # when exp(s - m) alone would overflow
+    if mask is None:
+        return torch.softmax(scaled, dim=-1), rowmax, z
+    return torch.exp(visible - rowmax[..., None]) / z[..., None], rowmax, z
+
+
+def _true_z(approx_scaled: torch.Tensor, shift: torch.Tensor, rowmax: torch.Tensor, z: torch.Tensor, mask):
+    """An approximation of exp(f) held as approx_scaled (..., N, M) times exp(shift_i) (..., N),
+    divided by the exact row sums Z_i = exp(m_i) z_i and zeroed at masked entries (docs/method.md
+    §7.5), and the log of its row factor; not finite where float64 cannot hold the result."""
+    # approx_scaled * exp(s - m) / z, scaled back in log form when exp(s - m) alone would overflow
     log_scale = (shift - rowmax - torch.log(z))[..., None]
     direct = approx_scaled * torch.exp(log_scale.clamp(max=700.0))
-    via_log = torch.sign(approx_scaled) * torch.exp(torch.log(approx_scaled.abs()) + log_scale)
-    approximation = torch.where(log_scale <= 700.0, direct, via_log)
-    if mask is None:
-        exact = torch.softmax(scaled, dim=-1)
+    small = log_scale <= 700.0
+    if bool(small.all()):
+        approximation = direct
     else:
-        exact = torch.exp(visible - rowmax[..., None]) / z[..., None]
+        via_log = torch.sign(approx_scaled) * torch.exp(torch.log(approx_scaled.abs()) + log_scale)
+        approximation = torch.where(small, direct, via_log)
+    if mask is not None:
         approximation = torch.where(mask, approximation, torch.zeros_like(approximation))
-    return _Terms(scaled, approx_scaled, shift, rowmax, log_scale, exact, approximation, exact - approximation)
+    return approximation, log_scale
 
 
 def _softmax_parts(organized: torch.Tensor, mask, blocks: _Blocks, tau: float = 1.0):

@@ -5,9 +5,11 @@ Theorem 1 says more than "the residual is small": for f mixed alpha-Hölder on t
 trees, the residual A(f) - Ã(f) of the paraproduct lies in Lambda^{2 alpha}, a smoother class
 than A(f). `haar_decay` measures a Hölder-type exponent of an array from the decay of its
 bi-Haar coefficients across the scales of the balanced binary trees of its rows and columns;
-`residual_smoothness` applies it to the exact softmax of an organized head and to the residual
-of its paraproduct. `corollary1` is the approximation with A' = A'' = 1 (the paper's softmax
-invariance) and its residual.
+`residual_smoothness` applies it to the scores of an organized head, to their exact softmax and
+to the residual of its paraproduct, and gives every relative residual of `paraproduct.approximations`
+beside uniform attention's (`THEOREM1_MEASURES`). `corollary1` is the paper's Corollary 1, the
+approximation sum_{j,j'} (D + Dx Dy) with A' = A'' = 1, and `taylor_corollary1` its first-order
+Taylor variant 1 + (f - mu) + sum Dx Dy, each with its residual.
 
 Normalisation. On [0, 1]^2 with L2-normalised Haar functions, f is mixed alpha-Hölder when
 |<f, psi_R>| <= C |R|^{alpha + 1/2} for every dyadic rectangle R. The discrete bi-Haar basis
@@ -28,11 +30,11 @@ import torch
 
 from ._arrays import as_tensor, back
 from .haar import bihaar, haar_basis
-from .paraproduct import check_order, paraproduct
+from .paraproduct import APPROXIMATIONS, approximations, check_order
 from .trees import balanced_tree
 
-__all__ = ["FAMILIES", "HaarDecay", "haar_decay", "Corollary1", "corollary1", "ResidualSmoothness",
-           "residual_smoothness", "THEOREM1_MEASURES", "theorem1_measures"]
+__all__ = ["FAMILIES", "HaarDecay", "haar_decay", "Corollary1", "corollary1", "taylor_corollary1",
+           "ResidualSmoothness", "residual_smoothness", "THEOREM1_MEASURES", "theorem1_measures"]
 
 # The coefficient families of the bi-Haar basis (docs/method.md §7.7): a row wavelet times the
 # column constant, the row constant times a column wavelet, and a wavelet on each axis.
@@ -80,10 +82,11 @@ class HaarDecay:
 
 @dataclass(frozen=True, eq=False)
 class Corollary1:
-    """The approximation of softmax(organized head) with A' = A'' = 1 (docs/method.md §7.7).
+    """An approximation of softmax(organized head) with A' = A'' = 1 (docs/method.md §7.7): the
+    paper's Corollary 1 (`corollary1`) or its Taylor variant (`taylor_corollary1`).
 
     organized: f[row_order][:, col_order]; exact: its (masked) row softmax; approximation:
-    the Corollary 1 approximation of the softmax, row-normalised by the exact row sums as the
+    the approximation of the softmax, row-normalised by the exact row sums as the
     paraproduct's is; residual = exact - approximation; relative_residual =
     ||residual||_F / ||exact||_F; mean: the mean of f over all entries, the point where
     A' = A'' = exp(0) = 1 is taken; row_order, col_order: the permutations used.
@@ -101,20 +104,28 @@ class Corollary1:
 
 @dataclass(frozen=True, eq=False)
 class ResidualSmoothness:
-    """Theorem 1's smoothness claim on one head (docs/method.md §7.7).
+    """Theorem 1's measures of one head (docs/method.md §7.7).
 
-    alpha_softmax, alpha_residual: `haar_decay` exponents of the exact softmax and of the
-    paraproduct's residual, both in the organized order; residual: the paraproduct's relative
-    residual; corollary1_residual: that of the Corollary 1 approximation; softmax_decay,
-    residual_decay: the two `HaarDecay` results behind the exponents.
+    measures: every `THEOREM1_MEASURES` name and its value. alpha_scores, alpha_softmax,
+    alpha_residual: `haar_decay` exponents of the scores, of the exact softmax and of the
+    paraproduct's residual, all in the organized order (NaN for the residual where the
+    paraproduct is beyond float64); residual: the paraproduct's relative residual;
+    corollary1_residual: that of the paper's Corollary 1; uniform_residual: that of uniform
+    attention; scores_decay, softmax_decay, residual_decay: the `HaarDecay` results behind the
+    exponents; note: "" or which approximations float64 cannot hold (their residuals +inf).
     """
 
+    measures: dict
+    alpha_scores: float
     alpha_softmax: float
     alpha_residual: float
     residual: float
     corollary1_residual: float
+    uniform_residual: float
+    scores_decay: HaarDecay
     softmax_decay: HaarDecay
     residual_decay: HaarDecay
+    note: str
 
 
 # -- validation -------------------------------------------------------------------------
@@ -133,14 +144,6 @@ def _mask(allowed, shapes: tuple[tuple[int, ...], ...], device) -> torch.Tensor 
 def _organize(x: torch.Tensor, r: np.ndarray, c: np.ndarray) -> torch.Tensor:
     rows, cols = torch.as_tensor(r, device=x.device), torch.as_tensor(c, device=x.device)
     return x.index_select(-2, rows).index_select(-1, cols)
-
-
-def _norm(t: torch.Tensor) -> float:
-    """Frobenius norm without overflow in the squares."""
-    big = float(t.abs().max())
-    if big == 0.0 or not np.isfinite(big):
-        return big
-    return big * float(torch.linalg.norm(t / big))
 
 
 # -- the bi-Haar coefficients, grouped by family and scale --------------------------------
@@ -329,153 +332,144 @@ def haar_decay(x, row_order=None, col_order=None, allowed=None, quantile: float 
                      count=per_group(count), fitted=per_group(fitted), quantile=float(quantile))
 
 
-# -- Corollary 1 ------------------------------------------------------------------------
-@lru_cache(maxsize=32)
-def _tree_axis(n: int):
-    """Folder labels per level, parents per level and folder sizes per level of the balanced
-    tree of 0..n-1 (numpy; moved to the device by the caller)."""
-    lab = np.array(balanced_tree(np.arange(n)).labels)     # a writable copy, for torch
-    parents = [np.zeros(0, dtype=np.int64)]
-    for level in range(1, lab.shape[0]):
-        par = np.empty(int(lab[level].max()) + 1, dtype=np.int64)
-        par[lab[level]] = lab[level - 1]
-        parents.append(par)
-    return lab, parents, [np.bincount(row).astype(np.float64) for row in lab]
+# -- Corollary 1 and the measures of Theorem 1 ------------------------------------------------
+_TRUE_Z = {"paraproduct": "residual", "paraproduct_nocross": "residual_nocross",
+           "corollary1": "corollary1_residual", "corollary1_nocross": "corollary1_nocross",
+           "taylor": "taylor_residual", "taylor_nocross": "taylor_nocross"}
+_SELFNORM = {"paraproduct": "residual_selfnorm", "paraproduct_nocross": "residual_nocross_selfnorm",
+             "corollary1": "corollary1_selfnorm", "corollary1_nocross": "corollary1_nocross_selfnorm",
+             "taylor": "taylor_selfnorm", "taylor_nocross": "taylor_nocross_selfnorm"}
+
+THEOREM1_MEASURES = ("residual", "residual_selfnorm", "residual_nocross", "residual_nocross_selfnorm",
+                     "uniform_residual",
+                     "corollary1_residual", "corollary1_selfnorm", "corollary1_nocross", "corollary1_nocross_selfnorm",
+                     "taylor_residual", "taylor_selfnorm", "taylor_nocross", "taylor_nocross_selfnorm",
+                     "alpha_scores", "alpha_softmax", "alpha_residual")
+"""What `theorem1_measures` gives of a head, in its order (docs/method.md §7.5, §7.7). Relative
+residuals ||softmax - approximation||_F / ||softmax||_F against the model's (masked) softmax:
+`residual` the paraproduct's (§7.3), `residual_nocross` without its cross terms, `uniform_residual`
+uniform attention's (the baseline), `corollary1_*` the paper's Corollary 1 (sum D + Dx Dy;
+`_nocross`: sum D), `taylor_*` its Taylor variant (1 + (f - mu) + sum Dx Dy; `_nocross`:
+1 + (f - mu)); each divided by the exact row sums, and with `_selfnorm` by its own (+inf where
+that is undefined or float64 cannot hold an approximation). `alpha_scores`, `alpha_softmax`,
+`alpha_residual`: the `haar_decay` exponents of the scores (Theorem 1's premise), of the softmax
+and of the paraproduct's residual (NaN where that is beyond float64)."""
 
 
-def _block_means(f: torch.Tensor):
-    """E[a][b]: the means of f on the folders of level a of the row tree times level b of the
-    column tree, one value per pair of folders (docs/method.md §7.1), from sums level by level."""
-    dev = f.device
-    (lr, pr, zr), (lc, pc, zc) = _tree_axis(f.shape[0]), _tree_axis(f.shape[1])
-    jr, jc = lr.shape[0] - 1, lc.shape[0] - 1
-
-    def t(a):
-        return torch.as_tensor(a, device=dev)
-
-    def sums(x, labels, parents, depth, dim):
-        out = [None] * (depth + 1)
-        shape = list(x.shape)
-        shape[dim] = int(labels[depth].max()) + 1
-        out[depth] = x.new_zeros(shape).index_add_(dim, t(labels[depth]), x)
-        for level in range(depth - 1, -1, -1):
-            shape[dim] = int(labels[level].max()) + 1
-            out[level] = x.new_zeros(shape).index_add_(dim, t(parents[level + 1]), out[level + 1])
-        return out
-
-    col_sums = sums(f, lc, pc, jc, 1)
-    means = [[None] * (jc + 1) for _ in range(jr + 1)]
-    for b in range(jc + 1):
-        for a, s in enumerate(sums(col_sums[b], lr, pr, jr, 0)):
-            means[a][b] = s / (t(zr[a])[:, None] * t(zc[b])[None, :])
-    return means, (lr, pr, jr), (lc, pc, jc)
-
-
-def _cross_terms(f: torch.Tensor) -> torch.Tensor:
-    """sum over (j, j') of Dx_{j,j'} f * Dy_{j,j'} f, N x M (docs/method.md §7.3, §7.7).
-
-    The term of (j, j') is constant on the blocks of levels (j + 1, j' + 1), so it is computed
-    once per pair of folders and the sum is expanded level by level, as the paraproduct does."""
-    e, (lr, pr, jr), (lc, pc, jc) = _block_means(f)
-    if jr == 0 or jc == 0:
-        return torch.zeros_like(f)
-    dev = f.device
-    pr = [torch.as_tensor(p, device=dev) for p in pr]
-    pc = [torch.as_tensor(p, device=dev) for p in pc]
-
-    def term(a, b):                      # a = j + 1, b = j' + 1
-        e00 = e[a - 1][b - 1][pr[a]][:, pc[b]]
-        dx = e[a][b - 1][:, pc[b]] - e00
-        dy = e[a - 1][b][pr[a]] - e00
-        return dx * dy
-
-    total = None
-    for a in range(1, jr + 1):
-        acc = term(a, 1)
-        for b in range(2, jc + 1):
-            acc = acc[:, pc[b]] + term(a, b)
-        total = acc if total is None else total[pr[a]] + acc
-    return total[torch.as_tensor(lr[jr], device=dev)][:, torch.as_tensor(lc[jc], device=dev)]
+def _corollary(which: str, f, row_order, col_order, allowed) -> Corollary1:
+    """`approximations(...)`'s approximation `which` as a `Corollary1`; ValueError naming f beyond
+    float64."""
+    ap = approximations(f, row_order, col_order, allowed)
+    k = APPROXIMATIONS.index(which)
+    organized, exact, approx = (torch.as_tensor(a) for a in (ap.organized, ap.exact, ap.true_z[k]))
+    if not ap.representable[k]:
+        row = int((~torch.isfinite(approx)).any(1).nonzero()[0, 0])
+        visible = organized[row] if ap.allowed is None else organized[row][torch.as_tensor(ap.allowed)[row]]
+        what = {"corollary1": "the Corollary 1 approximation", "taylor": "the Taylor variant of Corollary 1"}[which]
+        raise ValueError(f"f: {what} of softmax(f) is not representable in float64 (row {row} lies "
+                         f"{ap.mean - float(visible.max()):.4g} below the head's mean): scale f down")
+    was_numpy = isinstance(ap.organized, np.ndarray)
+    return Corollary1(organized=ap.organized, exact=ap.exact, approximation=ap.true_z[k],
+                      residual=back(exact - approx, was_numpy), relative_residual=float(ap.residual[k]),
+                      mean=ap.mean, row_order=ap.row_order, col_order=ap.col_order)
 
 
 def corollary1(f, row_order=None, col_order=None, allowed=None) -> Corollary1:
-    """The approximation of softmax(f) with A' = A'' = 1 (paper Corollary 1; docs/method.md §7.7).
+    """The paper's Corollary 1 (eq. 18) as stated: softmax(f) approximated with A' = A'' = 1
+    (docs/method.md §7.7).
 
-    Softmax is unchanged by a constant added to f, so f is taken about its mean mu (over all
-    entries), where the paper's A'(E f) = A''(E f) = exp(0) = 1. The paraproduct of
-    docs/method.md §7.3 with these constants keeps g_{0,0} = exp(0) = 1, the one-dimensional
-    differences E_{j+1,0} f - E_{j,0} f and E_{0,j'+1} f - E_{0,j'} f and the mixed terms
-    D_{j,j'} f + Dx_{j,j'} f * Dy_{j,j'} f, all without their exp(E f) factors. The
-    differences telescope to f - mu, so the approximation of exp(f - mu) is
+    The proof takes A'(E f) = A''(E f) = e^0 = 1 as mu(f) -> 0. Softmax is unchanged by a constant
+    added to f, so f is taken about its mean mu (over all entries) and
 
-        1 + (f - mu) + sum_{j,j'} Dx_{j,j'} f * Dy_{j,j'} f,
+        exp(f - mu) ~ C(f) = sum_{j,j'} (D_{j,j'} f + Dx_{j,j'} f * Dy_{j,j'} f),
 
-    the first-order Taylor polynomial of exp about the mean plus the paraproduct's cross
-    terms; times exp(mu) it approximates exp(f). As the paraproduct's, it is row-normalised
-    by the exact row sums Z_i of exp(f) (docs/method.md §7.5), not by its own. Its error is
-    O(|f - mu|^2): good for heads of small amplitude, poor for large ones.
+    the mixed terms of the paraproduct (docs/method.md §7.3) without their exp(E f) factors, and
+    without g_{0,0} and the one-dimensional terms, which eq. 18 does not have. The sum of the D
+    telescopes to the double-centred f (f - row means - column means + mu), whose unmasked rows
+    sum to 0: C is a poor approximation, and that is what this measures. exp(mu) C approximates
+    exp(f); as the paraproduct's, it is divided by the exact row sums Z_i (docs/method.md §7.5).
 
-    f : float array or tensor of shape (N, M), rows = queries, computed in float64 on its
-    device. row_order : int (N,), col_order : int (M,): the permutations organizing the axes
-    (None: f is organized). allowed : bool (N, M) in f's own order, or None: masked heads as
-    in docs/method.md §7.5 (the mean and the block averages see f at every entry, the
-    reference is the masked softmax, the approximation is 0 at masked entries). Returns a
-    `Corollary1`, arrays numpy or torch like f; raises ValueError naming f when the
-    approximation is not representable in float64 (a row hundreds below the head's mean).
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        Rows = queries; computed in float64 on its device.
+    row_order, col_order : int array of shape (N,) and (M,), optional
+        The permutations organizing the axes (None: f is organized).
+    allowed : bool array of shape (N, M), optional
+        The mask in f's own order (docs/method.md §7.5): the mean and the block averages see f at
+        every entry, the reference is the masked softmax, the approximation is 0 at masked entries.
+
+    Returns
+    -------
+    Corollary1
+        Arrays numpy or torch like f.
+
+    Raises
+    ------
+    ValueError
+        Naming f when the approximation is not representable in float64 (a row hundreds below the
+        head's mean), or naming a bad argument.
     """
-    x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
-    n, m = x.shape
-    r, c = check_order(row_order, n, "row_order"), check_order(col_order, m, "col_order")
-    mask = _mask(allowed, ((n, m),), x.device)
-    organized = _organize(x, r, c)
-    mask = None if mask is None else _organize(mask, r, c)
-    mu = organized.mean()
-    centered = organized - mu
-    approx_exp = 1.0 + centered + _cross_terms(centered)      # approximates exp(f - mu)
-    visible = organized if mask is None else organized.masked_fill(~mask, float("-inf"))
-    rowmax = visible.amax(1)
-    rowmax = torch.where(torch.isfinite(rowmax), rowmax, torch.zeros_like(rowmax))  # rows with nothing allowed
-    z = torch.exp(visible - rowmax[:, None]).sum(1)
-    z = torch.where(z > 0, z, torch.ones_like(z))
-    exact = torch.exp(visible - rowmax[:, None]) / z[:, None]
-    # times exp(mu) / Z_i = exp(mu - m_i) / z_i; in log form where exp(mu - m_i) alone would overflow
-    log_scale = (mu - rowmax - torch.log(z))[:, None]
-    direct = approx_exp * (torch.exp((mu - rowmax).clamp(max=700.0)) / z)[:, None]
-    via_log = torch.sign(approx_exp) * torch.exp(torch.log(approx_exp.abs()) + log_scale)
-    approximation = torch.where((mu - rowmax)[:, None] <= 700.0, direct, via_log)
-    if mask is not None:
-        approximation = torch.where(mask, approximation, torch.zeros_like(approximation))
-    residual = exact - approximation
-    if not bool(torch.isfinite(residual).all()):
-        row = int((~torch.isfinite(residual)).any(1).nonzero()[0, 0])
-        raise ValueError(f"f: the Corollary 1 approximation of softmax(f) is not representable in float64 "
-                         f"(row {row} lies {float(mu - rowmax[row]):.4g} below the head's mean): scale f down")
-    rel = _norm(residual) / _norm(exact) if _norm(exact) > 0 else float("nan")
-    return Corollary1(organized=back(organized, was_numpy), exact=back(exact, was_numpy),
-                      approximation=back(approximation, was_numpy), residual=back(residual, was_numpy),
-                      relative_residual=rel, mean=float(mu), row_order=r, col_order=c)
+    return _corollary("corollary1", f, row_order, col_order, allowed)
+
+
+def taylor_corollary1(f, row_order=None, col_order=None, allowed=None) -> Corollary1:
+    """Corollary 1's Taylor variant: the paraproduct of docs/method.md §7.3 with every factor
+    exp(E f) replaced by exp(0) = 1 about the mean mu, g_{0,0} and the one-dimensional terms kept
+    (docs/method.md §7.7).
+
+    The one-dimensional differences and the D terms then telescope to f - mu, so
+
+        exp(f - mu) ~ 1 + (f - mu) + sum_{j,j'} Dx_{j,j'} f * Dy_{j,j'} f,
+
+    the first-order Taylor polynomial of exp about the mean plus the paraproduct's cross terms;
+    times exp(mu) it approximates exp(f), divided by the exact row sums Z_i (docs/method.md §7.5).
+    Its error is O(|f - mu|^2): good for heads of small amplitude, poor for large ones. A named
+    variant beside the paper's formula (`corollary1`). Parameters, returns and raises as
+    `corollary1`.
+    """
+    return _corollary("taylor", f, row_order, col_order, allowed)
 
 
 def residual_smoothness(f, row_order=None, col_order=None, allowed=None, quantile: float = 1.0,
                         min_count: int = 4) -> ResidualSmoothness:
-    """Theorem 1's smoothness claim on one head: the `haar_decay` exponents of its exact
-    softmax and of its paraproduct's residual in the organized order (docs/method.md §7.7).
+    """Theorem 1's measures of one head (`THEOREM1_MEASURES`, docs/method.md §7.7): every relative
+    residual of `paraproduct.approximations` and uniform attention's, and the `haar_decay` exponents
+    of its scores, its exact softmax and its paraproduct's residual in the organized order, the
+    three in one batched call.
 
-    f : float (N, M) pre-softmax scores; row_order, col_order, allowed : as for
-    `paraproduct.paraproduct`. Masked heads: the softmax and the residual are 0 at masked
-    entries, which are not values of the head, so only the Haar coefficients on rectangles
-    inside the allowed entries are fitted (`haar_decay`'s `allowed`). quantile, min_count :
-    as for `haar_decay`. Also gives the paraproduct's relative residual and that of the
-    Corollary 1 approximation. Raises the ValueErrors of `paraproduct` and `corollary1`.
+    Masked heads: the softmax and the residual are 0 at masked entries, which are not values of
+    the head, so only the Haar coefficients on rectangles inside the allowed entries are fitted
+    (`haar_decay`'s `allowed`); the scores, whose masked entries the model computes but does not
+    use, are fitted by the same rule. Beyond float64 (docs/method.md §7.4) an approximation's
+    residuals are +inf, `alpha_residual` is NaN where that is the paraproduct, and `note` says so.
+
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        Pre-softmax scores, rows = queries.
+    row_order, col_order, allowed :
+        As for `paraproduct.paraproduct`.
+    quantile, min_count :
+        As for `haar_decay`.
+
+    Returns
+    -------
+    ResidualSmoothness
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument.
     """
-    pp = paraproduct(f, row_order, col_order, allowed=allowed)
-    mask = None
-    if allowed is not None:
-        mask = _organize(_mask(allowed, (tuple(pp.organized.shape),), pp.organized.device
-                               if isinstance(pp.organized, torch.Tensor) else "cpu"), pp.row_order, pp.col_order)
-    cor = corollary1(pp.organized, allowed=mask)
-    exact, residual = (p if isinstance(p, torch.Tensor) else torch.from_numpy(p) for p in (pp.exact, pp.residual))
-    decay = haar_decay(torch.stack([exact, residual]), allowed=mask, quantile=quantile, min_count=min_count)
+    ap = approximations(f, row_order, col_order, allowed)
+    organized, exact = torch.as_tensor(ap.organized), torch.as_tensor(ap.exact)
+    residual = exact - torch.as_tensor(ap.true_z)[0]
+    if not bool(torch.isfinite(residual).all()):
+        residual = torch.zeros_like(residual)    # no coefficient above 0 is fitted: alpha NaN
+    mask = None if ap.allowed is None else torch.as_tensor(ap.allowed)
+    decay = haar_decay(torch.stack([organized, exact, residual]), allowed=mask, quantile=quantile,
+                       min_count=min_count)
 
     def one(i):
         return HaarDecay(alpha=float(decay.alpha[i]), r2=float(decay.r2[i]), rms=float(decay.rms[i]),
@@ -483,21 +477,29 @@ def residual_smoothness(f, row_order=None, col_order=None, allowed=None, quantil
                          log2_size=decay.log2_size[i], log2_magnitude=decay.log2_magnitude[i],
                          count=decay.count[i], fitted=decay.fitted[i], quantile=decay.quantile)
 
-    soft, res = one(0), one(1)
-    return ResidualSmoothness(alpha_softmax=soft.alpha, alpha_residual=res.alpha, residual=pp.relative_residual,
-                              corollary1_residual=cor.relative_residual, softmax_decay=soft, residual_decay=res)
-
-
-THEOREM1_MEASURES = ("residual", "corollary1_residual", "alpha_softmax", "alpha_residual")
-"""What `theorem1_measures` gives of a head, in its order."""
+    scores, soft, res = one(0), one(1), one(2)
+    measures = {}
+    for k, name in enumerate(APPROXIMATIONS):
+        measures[_TRUE_Z[name]] = float(ap.residual[k])
+        measures[_SELFNORM[name]] = float(ap.selfnorm_residual[k])
+    measures |= {"uniform_residual": ap.uniform_residual, "alpha_scores": scores.alpha,
+                 "alpha_softmax": soft.alpha, "alpha_residual": res.alpha}
+    bad = [_TRUE_Z[n] for n, ok in zip(APPROXIMATIONS, ap.representable) if not ok]
+    note = ""
+    if bad:
+        tops = organized.amax(1)
+        note = (f"f: beyond float64 (rows up to {float(tops.max() - tops.min()):.4g} apart in level): "
+                f"{', '.join(bad)} recorded as +inf")
+    return ResidualSmoothness(measures={k: measures[k] for k in THEOREM1_MEASURES}, alpha_scores=scores.alpha,
+                              alpha_softmax=soft.alpha, alpha_residual=res.alpha,
+                              residual=measures["residual"], corollary1_residual=measures["corollary1_residual"],
+                              uniform_residual=ap.uniform_residual, scores_decay=scores, softmax_decay=soft,
+                              residual_decay=res, note=note)
 
 
 def theorem1_measures(f, row_order=None, col_order=None, allowed=None) -> tuple[np.ndarray, str]:
-    """THEOREM1_MEASURES of one head (`residual_smoothness`'s arguments) as a float64 array, and ""; a
-    paraproduct beyond float64 (docs/method.md §7.4) gives residuals inf and exponents NaN, and the
-    reason."""
-    try:
-        m = residual_smoothness(f, row_order, col_order, allowed)
-    except ValueError as exc:
-        return np.array([np.inf, np.inf, np.nan, np.nan]), str(exc)
-    return np.array([m.residual, m.corollary1_residual, m.alpha_softmax, m.alpha_residual], dtype=np.float64), ""
+    """`THEOREM1_MEASURES` of one head (`residual_smoothness`'s arguments) as a float64 array of
+    that length, and "" or the note on the approximations beyond float64 (their residuals +inf,
+    alpha_residual NaN with the paraproduct; docs/method.md §7.4)."""
+    m = residual_smoothness(f, row_order, col_order, allowed)
+    return np.array([m.measures[k] for k in THEOREM1_MEASURES], dtype=np.float64), m.note

@@ -232,10 +232,17 @@ def recurrence_interval(stab: xr.Dataset) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-FIG_MEASURES = ("paraproduct_residual", "corollary1_residual", "alpha_softmax", "alpha_residual")
-"""What each replicate measures of each figure head (docs/method.md §14.2): Theorem 1's relative
-residual, Corollary 1's, and the Hölder-type exponents of the softmax and of the residual, in the
-head's own 2-D organized order (`smoothness.residual_smoothness`, as the theorem1 stage)."""
+# smoothness.THEOREM1_MEASURES, written out: importing it would import torch into the stages that
+# only read stores (tests/test_stability.py holds the two equal)
+FIG_MEASURES = ("paraproduct_residual", "residual_selfnorm", "residual_nocross", "residual_nocross_selfnorm",
+                "uniform_residual",
+                "corollary1_residual", "corollary1_selfnorm", "corollary1_nocross", "corollary1_nocross_selfnorm",
+                "taylor_residual", "taylor_selfnorm", "taylor_nocross", "taylor_nocross_selfnorm",
+                "alpha_scores", "alpha_softmax", "alpha_residual")
+"""What each replicate measures of each figure head (docs/method.md §14.2): the theorem1 table's
+measures (`smoothness.THEOREM1_MEASURES` in its order, its `residual` stored as
+`paraproduct_residual`), in the head's own 2-D organized order (`smoothness.theorem1_measures`, as
+the theorem1 stage), so that every column the claims read of that table has its replicate values."""
 
 # scalar measures of a sample and per-unit measures, as the summary lists them
 SCALARS = ("network_entropy", "network_sparsity", "sparsity_ratio", "ari_layer", "ari_kv_group")

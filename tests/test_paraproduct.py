@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from scipy.ndimage import gaussian_filter
 
-from oattn_lib.paraproduct import block_averages, paraproduct, relative_residuals, telescoping_sum
+from oattn_lib.paraproduct import (APPROXIMATIONS, ROW_SUM_FLOOR, approximations, block_averages, paraproduct,
+                                   relative_residuals, telescoping_sum)
 from oattn_lib.trees import balanced_tree
 
 SHAPES = [(1, 1), (2, 3), (7, 5), (16, 16), (197, 197)]
@@ -22,9 +23,9 @@ def _sincos(n=197, m=197):
     return np.sin(i / 20) * np.cos(j / 30)
 
 
-def _reference(f, n_scales=None):
+def _reference(f, n_scales=None, cross=True):
     """Brute force, entry by entry and scale by scale, for small heads (n_scales: (J_r, J_c)
-    refinements, default down to single entries)."""
+    refinements, default down to single entries; cross=False: the mixed terms without Dx Dy)."""
     n, m = f.shape
     tr, tc = balanced_tree(np.arange(n)).labels, balanced_tree(np.arange(m)).labels
 
@@ -46,7 +47,7 @@ def _reference(f, n_scales=None):
         for k in range(jc):
             d = e[j + 1, k + 1] - e[j, k + 1] - e[j + 1, k] + e[j, k]
             dx, dy = e[j + 1, k] - e[j, k], e[j, k + 1] - e[j, k]
-            approx = approx + np.exp(e[j, k]) * (d + dx * dy)
+            approx = approx + np.exp(e[j, k]) * (d + dx * dy if cross else d)
     return e, approx / np.exp(f).sum(1, keepdims=True)
 
 
@@ -346,3 +347,131 @@ def test_temperatures_in_batches_are_the_temperatures_one_at_a_time(monkeypatch,
             np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
             np.testing.assert_allclose(a, b, rtol=1e-12)
         assert batched[0][2] == alone[0][2]
+
+
+# -- the approximations compared with the paraproduct (docs/method.md §7.5, §7.7) ------------------
+K = {name: k for k, name in enumerate(APPROXIMATIONS)}
+PAIRS = [("paraproduct", "paraproduct_nocross"), ("corollary1", "corollary1_nocross"), ("taylor", "taylor_nocross")]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_first_approximation_is_the_paraproduct(causal):
+    rng = np.random.default_rng(11)
+    f = 2.0 * _smooth_head(23, 17) + rng.standard_normal((23, 17))
+    r, c = rng.permutation(23), rng.permutation(17)
+    allowed = np.tril(np.ones((23, 17), dtype=bool)) if causal else None
+    ap, pp = approximations(f, r, c, allowed), paraproduct(f, r, c, allowed=allowed)
+    np.testing.assert_array_equal(ap.exact, pp.exact)
+    np.testing.assert_allclose(ap.true_z[K["paraproduct"]], pp.approximation, rtol=1e-12, atol=1e-16)
+    assert ap.residual[K["paraproduct"]] == pytest.approx(pp.relative_residual, rel=1e-12)
+    assert ap.representable.all() and ap.names == APPROXIMATIONS
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 3), (7, 5), (6, 11)])
+def test_the_paraproduct_without_cross_terms_matches_brute_force_reference(shape):
+    f = np.random.default_rng(3).normal(size=shape)
+    _, approx = _reference(f, cross=False)
+    np.testing.assert_allclose(approximations(f).true_z[K["paraproduct_nocross"]], approx, rtol=1e-10, atol=1e-13)
+
+
+def test_without_cross_terms_is_the_same_exactly_where_every_dx_or_dy_vanishes():
+    # a function of the columns alone has Dx = 0 on every pair of levels (and of the rows alone
+    # Dy = 0): every cross term Dx Dy is 0. A sum of the two has Dx Dy = (a's difference)(b's
+    # difference), not 0, and its D are 0, so there the variants differ.
+    i, j = np.arange(13)[:, None], np.arange(9)[None, :]
+    a, b = np.sin(i / 2.0) * np.ones((1, 9)), np.ones((13, 1)) * np.cos(j / 1.5)
+    for f in (2.0 * b, 2.0 * a):
+        ap = approximations(f)
+        for full, nocross in PAIRS:
+            np.testing.assert_allclose(ap.true_z[K[nocross]], ap.true_z[K[full]], rtol=1e-12, atol=1e-15)
+            assert ap.residual[K[nocross]] == pytest.approx(ap.residual[K[full]], rel=1e-10, abs=1e-14)
+    ap = approximations(2.0 * (a + b))
+    for full, nocross in PAIRS:
+        gap = np.abs(ap.true_z[K[nocross]] - ap.true_z[K[full]]).max()
+        assert gap > 1e-3 * np.abs(ap.exact).max(), (full, gap)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_uniform_attention_is_the_closed_form_in_every_order(causal):
+    # each row of U is the mean of that row of A over its allowed entries, so A - U is orthogonal
+    # to U and ||A - U||^2 = ||A||^2 - ||U||^2 < ||A||^2: a relative residual below 1 is no test
+    rng = np.random.default_rng(12)
+    f = 3.0 * rng.standard_normal((15, 12))
+    allowed = None
+    if causal:
+        allowed = np.tril(np.ones((15, 12), dtype=bool))
+        allowed[2] = False                                       # a row with nothing allowed
+    ap = approximations(f, allowed=allowed)
+    a = ap.exact
+    ok = np.ones_like(a, dtype=bool) if allowed is None else allowed
+    u = np.where(ok, 1.0 / np.maximum(ok.sum(1, keepdims=True), 1), 0.0)
+    np.testing.assert_allclose(ap.uniform, u, rtol=1e-15)
+    want = np.sqrt(1.0 - (u ** 2).sum() / (a ** 2).sum())
+    assert ap.uniform_residual == pytest.approx(want, rel=1e-12) and ap.uniform_residual < 1.0
+    for seed in range(3):
+        r, c = np.random.default_rng([seed, 1]).permutation(15), np.random.default_rng([seed, 2]).permutation(12)
+        assert approximations(f, r, c, allowed).uniform_residual == pytest.approx(want, rel=1e-12)
+
+
+def test_self_normalised_rows_sum_to_one_and_attend_nowhere_where_a_row_sum_is_not_positive():
+    rng = np.random.default_rng(13)
+    f = 0.3 * _smooth_head(16, 14) + 0.1 * rng.standard_normal((16, 14))
+    f[3] = -6.0                     # 1 + (f - mu) < 0 on all of row 3: the Taylor polynomial's sum is negative
+    allowed = np.tril(np.ones((16, 14), dtype=bool), k=2)
+    allowed[7] = False
+    ap = approximations(f, allowed=allowed)
+    for k, name in enumerate(APPROXIMATIONS):
+        sums = ap.selfnorm[k].sum(1)
+        defined = np.abs(sums - 1.0) < 1e-9
+        # every row sums to 1 where its own sum was positive, else it is zero (and so is a row with nothing allowed)
+        assert np.all(defined | (np.abs(ap.selfnorm[k]).sum(1) == 0)), name
+        assert np.all(ap.selfnorm[k][~allowed] == 0)
+        # the scale of a row cancels: dividing the true-Z approximation by its own row sums is the same
+        tz = ap.true_z[k][defined]
+        own = tz.sum(1, keepdims=True)
+        np.testing.assert_allclose(ap.selfnorm[k][defined], tz / own, rtol=1e-9, atol=1e-15)
+        # the residual counts an undefined row as its whole softmax row: finite
+        err = np.linalg.norm(ap.exact - ap.selfnorm[k]) / np.linalg.norm(ap.exact)
+        assert ap.selfnorm_residual[k] == pytest.approx(err, rel=1e-12) and np.isfinite(ap.selfnorm_residual[k])
+    # by hand: 1 + (f - mu) over its row sums on the allowed entries, undefined on row 3 only
+    first = np.where(allowed, 1.0 + (f - f.mean()), 0.0)
+    own = first.sum(1)
+    k = K["taylor_nocross"]
+    bad = np.flatnonzero(allowed.any(1) & (np.abs(ap.selfnorm[k]).sum(1) == 0))
+    assert list(bad) == [3] and own[3] < 0
+    good = own > 0
+    np.testing.assert_allclose(ap.selfnorm[k][good], first[good] / own[good, None], rtol=1e-12)
+    assert np.linalg.norm(ap.exact[3]) > 0 and np.isfinite(ap.residual[k])
+    # a sum that cancels to its rounding error is 0, not a divisor: sum D on unmasked rows attends nowhere
+    ap = approximations(f)
+    k = K["corollary1_nocross"]
+    assert np.all(ap.selfnorm[k] == 0) and ap.selfnorm_residual[k] == 1.0 and ROW_SUM_FLOOR < 1e-9
+
+
+def test_approximations_beyond_float64_are_infinite_not_raised():
+    far = FAR_APART["+-800"]
+    ap = approximations(far)
+    assert not ap.representable[K["paraproduct"]] and ap.residual[K["paraproduct"]] == np.inf
+    assert np.isfinite(ap.uniform_residual)
+    with pytest.raises(ValueError, match="allowed"):
+        approximations(far, allowed=np.ones((3, 3), dtype=bool))
+    t = approximations(torch.from_numpy(_smooth_head(9, 7)))
+    assert isinstance(t.true_z, torch.Tensor) and tuple(t.true_z.shape) == (len(APPROXIMATIONS), 9, 7)
+
+
+def test_the_approximations_without_block_structure_do_not_depend_on_the_order():
+    # double-centring, f - mu and uniform attention commute with permutations of rows and columns:
+    # only the paraproduct, C and the Taylor variant's cross terms see the order
+    rng = np.random.default_rng(14)
+    f = 2.0 * _smooth_head(20, 18) + rng.standard_normal((20, 18))
+    allowed = np.tril(np.ones((20, 18), dtype=bool), k=3)
+    base = approximations(f, allowed=allowed)
+    r, c = rng.permutation(20), rng.permutation(18)
+    other = approximations(f, r, c, allowed)
+    for name in ("corollary1_nocross", "taylor_nocross"):
+        assert other.residual[K[name]] == pytest.approx(base.residual[K[name]], rel=1e-12), name
+        np.testing.assert_allclose(other.true_z[K[name]], base.true_z[K[name]][np.ix_(r, c)], rtol=1e-10,
+                                   atol=1e-15)
+    assert other.uniform_residual == pytest.approx(base.uniform_residual, rel=1e-12)
+    for name in ("paraproduct", "corollary1", "taylor"):
+        assert abs(other.residual[K[name]] - base.residual[K[name]]) > 1e-6 * base.residual[K[name]], name

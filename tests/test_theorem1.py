@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from oattn_lib import store
-from oattn_lib.smoothness import residual_smoothness
+from oattn_lib.smoothness import THEOREM1_MEASURES, residual_smoothness
 from oattn_lib.stages.extract import attention_dataset
 from oattn_lib.stages.theorem1 import COLUMNS, chosen_heads, theorem1
 from scored_stores import scored_samples
@@ -56,8 +56,18 @@ def test_figure_heads_rows_are_the_decompose_stages_residuals(stores, causal):
 def test_every_head_of_every_sample_has_its_orders(stores, causal):
     paths, tables = stores[causal]
     t = tables[6]
-    assert list(t.columns) == COLUMNS
+    assert list(t.columns) == COLUMNS == ["sample", "layer", "head", "order", "seed", *THEOREM1_MEASURES]
     assert len(t) == 2 * 6 * (2 + 2)
+    # every measure is written: the residuals against the true row sums and uniform attention's
+    # are finite on these heads, every column has values, and uniform is one number per head
+    # (in every order, up to rounding)
+    finite = ["residual", "residual_nocross", "uniform_residual", "corollary1_residual", "corollary1_nocross",
+              "taylor_residual", "taylor_nocross"]
+    assert np.isfinite(t[finite].to_numpy()).all()
+    assert t[list(THEOREM1_MEASURES)].notna().any().all()
+    spread = t.groupby(["sample", "layer", "head"])["uniform_residual"].agg(lambda v: v.max() - v.min())
+    assert (spread < 1e-12).all()
+    assert (t["uniform_residual"] < 1).all()
     per_head = t.groupby(["sample", "layer", "head"])["order"].apply(sorted)
     assert len(per_head) == 12 and all(v == ["2-D organized", "original", "random", "random"] for v in per_head)
     rnd = t[t["order"] == "random"]
@@ -73,11 +83,11 @@ def test_the_original_orders_measures_are_residual_smoothness_of_the_stored_head
     f = att["scores"].values[1, 2].astype(np.float64)
     m = residual_smoothness(f, allowed=~np.triu(np.ones((N, N), dtype=bool), 1))
     row = t[(t["sample"] == 1) & (t["layer"] == 1) & (t["head"] == 2) & (t["order"] == "original")].iloc[0]
+    assert list(m.measures) == list(THEOREM1_MEASURES)
+    for k, want in m.measures.items():
+        assert (np.isnan(row[k]) and np.isnan(want)) or row[k] == pytest.approx(want, rel=1e-12), k
     assert row["residual"] == pytest.approx(m.residual, rel=1e-12)
     assert row["corollary1_residual"] == pytest.approx(m.corollary1_residual, rel=1e-12)
-    for k in ("alpha_softmax", "alpha_residual"):
-        want = getattr(m, k)
-        assert (np.isnan(row[k]) and np.isnan(want)) or row[k] == pytest.approx(want, rel=1e-12)
 
 
 def test_a_random_subset_of_heads_per_sample_is_seeded_and_stated(stores):

@@ -46,7 +46,8 @@ def _measures(x: np.ndarray, trees, k2: int, k3: int, device, overwrite: bool = 
 
 def _figure_measures(g, allowed, row_order, col_order) -> np.ndarray:
     """FIG_MEASURES of one head's scores g in the given orders, as the theorem1 stage measures them
-    (`smoothness.theorem1_measures`; not finite beyond float64)."""
+    (`smoothness.theorem1_measures`, in the order of its THEOREM1_MEASURES; residuals beyond float64
+    +inf)."""
     vals, why = theorem1_measures(g, row_order, col_order, allowed)
     if why:
         log.info("figure head: %s", why)

@@ -5,9 +5,12 @@ of the first `samples` samples (by default every one), every stored head (or a r
 sample with `seed`, where a model has more) is organized by its own 2-D questionnaire (§5.3)
 and its pre-softmax scores measured at the model's temperature in three kinds of order: the
 2-D organized one, the original (the tokens' own order) and `random_orders` random ones. Each
-row gives the paraproduct's relative residual (§7.6), the Corollary 1 approximation's, and the
-Hölder-type exponents of the softmax and of the paraproduct's residual from their Haar
-coefficient decay (§7.7). Causal heads are compared with the model's own masked softmax (§7.5).
+row gives `smoothness.THEOREM1_MEASURES`: the relative residuals of the paraproduct (§7.3), of
+uniform attention (the baseline a residual must beat), of the paper's Corollary 1 and of its Taylor
+variant, each with and without the cross terms and divided by the exact row sums or by its own
+(§7.5), and the Hölder-type exponents of the scores, of the softmax and of the paraproduct's
+residual from their Haar coefficient decay (§7.7), all from one call per head and order. Causal
+heads are compared with the model's own masked softmax (§7.5).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import pandas as pd
 
 from .. import store
 from ..questionnaire import questionnaire2d
-from ..smoothness import theorem1_measures
+from ..smoothness import THEOREM1_MEASURES, theorem1_measures
 from ..temperature import residual_curve, temperature_grid
 from .common import head_array, model_mask, on_device
 
@@ -27,10 +30,9 @@ log = logging.getLogger("oattn")
 
 __all__ = ["COLUMNS", "CURVE_COLUMNS", "chosen_heads", "theorem1"]
 
-COLUMNS = ["sample", "layer", "head", "order", "seed", "residual", "corollary1_residual", "alpha_softmax",
-           "alpha_residual"]
+COLUMNS = ["sample", "layer", "head", "order", "seed", *THEOREM1_MEASURES]
 """The table's columns: `order` is "2-D organized", "original" or "random" (`seed` its index; -1 for
-the other two)."""
+the other two), then the measures of `smoothness.THEOREM1_MEASURES`."""
 CURVE_COLUMNS = ["sample", "layer", "head", "order", "seed", "tau", "residual"]
 """The curves' columns: each head's relative residual at every temperature of the grid, in every order
 (the temperature figure's measure, docs/method.md §7.6, for every head)."""
@@ -75,7 +77,7 @@ def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int |
                        for k in range(random_orders)]
             for name, k, r, c in orders:
                 vals, why = theorem1_measures(g, r, c, allowed)
-                if why:  # beyond float64 (docs/method.md §7.4): recorded as not finite
+                if why:  # beyond float64 (docs/method.md §7.4): those residuals recorded as +inf
                     log.info("theorem1: sample %d head %d.%d, %s order: %s", s, layer, head, name, why)
                 rows.append(dict(zip(COLUMNS, (s, layer, head, name, k, *(float(v) for v in vals)))))
                 if out_curves is not None:
@@ -89,5 +91,6 @@ def theorem1(model_name: str, attention_stores: list, out_csv, *, samples: int |
     if out_curves is not None:
         store.atomic_write_text(out_curves, pd.DataFrame(curves, columns=CURVE_COLUMNS).to_csv(index=False))
     if len(df):
-        med = df.groupby("order")[["residual", "alpha_softmax", "alpha_residual"]].median()
+        med = df.groupby("order")[["residual", "uniform_residual", "corollary1_residual", "taylor_residual",
+                                   "alpha_scores", "alpha_softmax", "alpha_residual"]].median()
         log.info("theorem1 %s: medians by order\n%s", model_name, med.to_string())
