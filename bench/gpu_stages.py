@@ -153,10 +153,11 @@ def main() -> None:
                         None, full, 0, device=args.device)
             outs = {k: d / f"prune_{k}.{ext}" for k, ext in (
                 ("curves", "csv"), ("rankings", "csv"), ("finding", "rst"), ("fig7", "png"), ("table3_csv", "csv"),
-                ("table3_md", "md"), ("table4_csv", "csv"), ("table4_md", "md"))}
+                ("table3_md", "md"), ("table4_csv", "csv"), ("table4_md", "md"), ("bottom", "csv"))}
             params = {k: v for k, v in config["prune"].items() if k != "enabled"}
             timed("prune", lambda: prune("hf", mcfg, None, d / "meta.json", None, [full] * args.ranking_samples,
-                                         d / "haar.zarr", outs, device=args.device, **params))
+                                         d / "haar.zarr", outs, fraction=config["entropy"]["fraction"], device=args.device,
+                                         **params))
 
         for name in stages:
             if name == "prune":

@@ -25,6 +25,10 @@ model's heads attend there, and in the gradient pass, through torch's fused atte
 heads gated off skipped: the metric of the eager attention to float rounding, in less time and
 memory (docs/method.md §11.4).
 
+The bottom-k test (docs/method.md §11.5) masks each ranking's first k = round(fraction x heads)
+heads, the set the paper's claim is about, and ranks its metric among that of every k-subset of
+the heads (`null_sets`: exact where there are few, else uniform random ones).
+
 The sentence encoder has no task loss; its gradient importance uses the random projection
 L_v(x) = v . e(x) of the normalised sentence embedding e, v ~ N(0, I), so that
 E_v |dL_v/dxi_h| = sqrt(2/pi) ||de/dxi_h||: the first-order change of the embedding when the
@@ -33,7 +37,9 @@ head's gate moves (the loss an embedding model is judged by, 1 - cos, is flat at
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -45,10 +51,11 @@ from .models.gating import HeadLayout, check_attention, check_gates, row_outputs
 
 log = logging.getLogger("oattn")
 
-__all__ = ["RANKINGS", "HAAR_LOW", "HAAR_HIGH", "RANDOM", "GRADIENT", "ATTN_ENTROPY", "CONFIDENCE",
+__all__ = ["RANKINGS", "NULL_SET", "HAAR_LOW", "HAAR_HIGH", "RANDOM", "GRADIENT", "ATTN_ENTROPY", "CONFIDENCE",
            "METRICS", "HeldOut", "evaluate_masks", "reference_embeddings", "gate_gradients",
            "gradient_importance", "normalize_per_layer", "attention_entropy", "attention_confidence",
-           "lowest_first", "random_order", "mask_counts", "masks_from_order", "auc", "relative_loss",
+           "lowest_first", "random_order", "mask_counts", "masks_from_order", "NullSets", "null_sets",
+           "ranking_sets", "masks_from_sets", "auc", "relative_loss",
            "tolerated_fraction", "spearman_between", "stability", "curve_summary", "ranking_stability"]
 
 HAAR_LOW = "Haar entropy, lowest first"
@@ -59,6 +66,9 @@ ATTN_ENTROPY = "attention entropy, lowest first"
 CONFIDENCE = "confidence (Voita et al.), lowest first"
 RANKINGS = (HAAR_LOW, HAAR_HIGH, RANDOM, GRADIENT, ATTN_ENTROPY, CONFIDENCE)
 """The compared head rankings, in the order of Figure 7 and Tables 3-4."""
+NULL_SET = "null"
+"""The bottom-k test's name for a set of its null beside the rankings' names (pandas reads "null"
+as a missing value unless told `keep_default_na=False`)."""
 
 METRICS = {"txl": ("perplexity", False), "vit": ("accuracy", True),
            "hf": ("cosine similarity to the unmasked model", True), "lm": ("perplexity", False)}
@@ -341,6 +351,101 @@ def masks_from_order(order, ks, shape: tuple[int, int]) -> np.ndarray:
     for i, k in enumerate(ks):
         g[i, order[:k]] = 0.0
     return g.reshape(len(ks), *shape)
+
+
+# -- the bottom-k test: each ranking's first k heads against every (or random) k heads ----------
+@dataclass(frozen=True)
+class NullSets:
+    """The null of the bottom-k test (docs/method.md §11.5): sets of k heads a ranking's first k
+    are compared with.
+
+    sets: (n_sets, k) int, flat unit indices (layer * n_head + head), ascending in each row.
+    kind: "exact" (every k-subset, each once) or "random" (k-subsets drawn uniformly, each
+    without repetition inside, independently of one another: two draws may coincide).
+    n_total: comb(n_units, k), the number of k-subsets.
+    """
+
+    sets: np.ndarray
+    kind: str
+    n_total: int
+
+
+def null_sets(n_units: int, k: int, exact_max: int, n_random: int, rng: np.random.Generator) -> NullSets:
+    """The k-subsets of `n_units` heads the bottom-k test ranks a ranking's set among.
+
+    Every one of the comb(n_units, k) subsets, in lexicographic order, where that is at most
+    `exact_max` (the exact null: under the hypothesis that the ranking's set is any k-subset,
+    each equally likely, its rank among them is an exact p-value); else `n_random` subsets drawn uniformly from `rng` (the first k of a
+    uniform random permutation, each row independent: the Monte Carlo null).
+
+    Parameters
+    ----------
+    n_units : int
+        Heads of the network (layer x head), at least 1.
+    k : int
+        Heads per set, 1 <= k <= n_units.
+    exact_max : int
+        Largest number of subsets enumerated (0: always random).
+    n_random : int
+        Sets drawn where the subsets are more than `exact_max`, at least 1.
+    rng : numpy.random.Generator
+        Source of the random sets (unused for the exact null).
+
+    Returns
+    -------
+    NullSets
+        sets (n_sets, k), kind ("exact" or "random") and n_total = comb(n_units, k).
+
+    Raises
+    ------
+    ValueError
+        An argument out of range, naming it and its value.
+    """
+    for name, v, lo in (("n_units", n_units, 1), ("k", k, 1), ("exact_max", exact_max, 0), ("n_random", n_random, 1)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{name}: expected an integer >= {lo}, got {v!r}")
+    if k > n_units:
+        raise ValueError(f"k: at most n_units = {n_units} heads per set, got {k}")
+    total = math.comb(int(n_units), int(k))
+    if total <= exact_max:
+        flat = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n_units), k)),
+                           dtype=np.int64, count=total * k)
+        return NullSets(flat.reshape(total, k), "exact", total)
+    # argsort of iid uniforms is a uniform permutation per row; its first k a uniform k-subset
+    first = np.argsort(rng.random((n_random, n_units)), axis=1)[:, :k]
+    return NullSets(np.sort(first, axis=1).astype(np.int64), "random", total)
+
+
+def ranking_sets(orders: dict, k: int) -> dict:
+    """The bottom-k set of each ranking of `orders` (name -> list of head orders): the first k heads
+    of its first order, ascending; (k,) int each. Random orders are the null's business, not a
+    ranking's: RANDOM is left out."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k: expected a positive integer, got {k!r}")
+    out = {}
+    for name, ords in orders.items():
+        if name == RANDOM:
+            continue
+        o = np.asarray(ords[0])
+        if k > o.size:
+            raise ValueError(f"k: {k} heads, but ranking {name!r} orders {o.size}")
+        out[name] = np.sort(o[:k]).astype(np.int64)
+    return out
+
+
+def masks_from_sets(sets, shape: tuple[int, int]) -> np.ndarray:
+    """Gates (n_sets, layer, head): the heads of each row of `sets` (n_sets, k), flat unit indices,
+    at 0, the rest at 1."""
+    s = np.asarray(sets)
+    n = shape[0] * shape[1]
+    if s.ndim != 2 or not np.issubdtype(s.dtype, np.integer):
+        raise ValueError(f"sets: expected an integer array (n_sets, k), got {s.dtype} of shape {s.shape}")
+    if s.size and (s.min() < 0 or s.max() >= n):
+        raise ValueError(f"sets: unit indices must be in [0, {n}) for {shape} (layer, head), "
+                         f"got [{s.min()}, {s.max()}]")
+    g = np.ones((s.shape[0], n), dtype=np.float32)
+    np.put_along_axis(g, s, 0.0, axis=1)
+    return g.reshape(s.shape[0], *shape)
 
 
 # -- summaries ------------------------------------------------------------------------------

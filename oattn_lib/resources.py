@@ -421,13 +421,23 @@ def model_job_features(rule: str, model: dict, model_dir: str | os.PathLike, pru
     return {"weights_mb": params * 4 / 1e6, "attention_mb": network, "logits_mb": logits, "network_mb": network}
 
 
-def prune_passes(prune: dict) -> int:
+def prune_passes(prune: dict, units: int | None = None, fraction: float = 0.1) -> int:
     """Masked forward passes of a prune job, as planned: (5 rankings + random_seeds orders) x
-    mask sizes (0 to 100% in fraction_step) x held-out windows."""
+    mask sizes (0 to 100% in fraction_step) x held-out windows, and with the model's number of
+    `units` (heads) the bottom test's null sets (docs/method.md §11.5) x windows: every set of
+    round(fraction x units) heads where there are at most bottom_exact_max, else
+    bottom_random_sets."""
+    from .entropy import n_extreme
+
     step = float(prune.get("fraction_step", 0.1))
     sizes = int(math.floor(1.0 / step + 1e-9)) + 1
-    windows = (prune.get("held_out") or {}).get("hf_windows", 1)
-    return (5 + int(prune.get("random_seeds", 5))) * sizes * int(windows)
+    windows = int((prune.get("held_out") or {}).get("hf_windows", 1))
+    passes = (5 + int(prune.get("random_seeds", 5))) * sizes * windows
+    if units:
+        total = math.comb(int(units), n_extreme(int(units), fraction))
+        exact = total <= int(prune.get("bottom_exact_max", 100000))
+        passes += (total if exact else int(prune.get("bottom_random_sets", 199))) * windows
+    return passes
 
 
 def _model_job(rule: str) -> ModelJob:

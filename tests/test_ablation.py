@@ -550,7 +550,7 @@ def _stage_files(d, haar):
                       d / "entropy.zarr")
     return {k: d / f"{k}.{ext}" for k, ext in (("curves", "csv"), ("rankings", "csv"), ("finding", "rst"),
                                                ("fig7", "png"), ("table3_csv", "csv"), ("table3_md", "md"),
-                                               ("table4_csv", "csv"), ("table4_md", "md"))}
+                                               ("table4_csv", "csv"), ("table4_md", "md"), ("bottom", "csv"))}
 
 
 @pytest.fixture(scope="module")
@@ -572,8 +572,9 @@ def stage(tmp_path_factory):
         extract("txl", cfg, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt", stores[-1], i,
                          device="cpu")
     outs = _stage_files(d, rng.random((3, 2, 3)))
+    # entropy.fraction 0.3: the bottom 2 of the 6 heads, a size on the curves' grid; 15 pairs: the exact null
     prune_stage.prune("txl", {"name": "tiny", "kind": "txl"}, d / "dataset.npz", d / "meta.json", d / "checkpoint.pt",
-                      stores, d / "entropy.zarr", outs, device="cpu",
+                      stores, d / "entropy.zarr", outs, device="cpu", fraction=0.3,
                       **prune_params(random_seeds=3, held_out={"txl_segments": 6}, batch_size=8))
     return d, outs, model, test, stores
 
@@ -651,9 +652,11 @@ def lm_stage(tmp_path_factory):
     for i, out in enumerate(stores):
         extract("hf", mcfg, None, d / "meta.json", None, out, i, device="cpu")
     outs = _stage_files(d, np.random.default_rng(0).random((3, 2, 4)))
-    params = prune_params(random_seeds=2, held_out={"hf_windows": 5}, batch_size=8)
+    # the bottom 2 of 8 heads: 28 pairs, more than bottom_exact_max, so 6 random ones
+    params = prune_params(random_seeds=2, held_out={"hf_windows": 5}, batch_size=8, bottom_exact_max=20,
+                          bottom_random_sets=6)
     prune_stage.prune("hf", mcfg, None, d / "meta.json", None, stores, d / "entropy.zarr", outs, device="cpu",
-                      **params)
+                      fraction=0.25, **params)
     return d, outs, mcfg, texts, stores, params
 
 
@@ -815,6 +818,130 @@ def test_stage_table3_is_the_area_and_tolerance_of_the_stored_curves(stage):
         if len(aucs) > 1:
             assert t3.loc[k, "auc_sd"] == pytest.approx(np.std(aucs, ddof=1), rel=1e-6), k
 
+# -- the bottom-k test (docs/method.md §11.5) -------------------------------------------------
+@pytest.mark.parametrize("n, k", [(6, 2), (7, 3), (5, 5), (16, 2), (9, 1)])
+def test_exact_null_is_every_k_subset_once(n, k):
+    from math import comb
+    null = ab.null_sets(n, k, comb(n, k), 199, np.random.default_rng(0))
+    assert null.kind == "exact" and null.n_total == comb(n, k)
+    assert null.sets.shape == (comb(n, k), k) and null.sets.dtype == np.int64
+    # strictly ascending rows in [0, n): k distinct heads each; comb(n, k) distinct rows: every subset
+    assert (np.diff(null.sets, axis=1) > 0).all() and null.sets.min() >= 0 and null.sets.max() < n
+    assert len({tuple(r) for r in null.sets.tolist()}) == comb(n, k)
+    # one more subset than allowed: random sets instead
+    assert ab.null_sets(n, k, comb(n, k) - 1, 11, np.random.default_rng(0)).kind == "random"
+
+
+def test_random_null_sets_are_distinct_within_deterministic_and_uniform():
+    null = ab.null_sets(270, 27, 100_000, 199, np.random.default_rng(3))
+    assert null.kind == "random" and null.sets.shape == (199, 27)
+    assert null.n_total == 10612602259433540443169105676537246400  # comb(270, 27)
+    assert (np.diff(null.sets, axis=1) > 0).all() and 0 <= null.sets.min() and null.sets.max() < 270
+    np.testing.assert_array_equal(null.sets, ab.null_sets(270, 27, 100_000, 199, np.random.default_rng(3)).sets)
+    assert not np.array_equal(null.sets, ab.null_sets(270, 27, 100_000, 199, np.random.default_rng(4)).sets)
+    # each head in k/n of the sets: 20,000 sets of 27 of 270, sd sqrt(0.1 * 0.9 / 20,000) = 0.0021
+    draws = 20_000
+    many = ab.null_sets(270, 27, 0, draws, np.random.default_rng(5)).sets
+    freq = np.bincount(many.ravel(), minlength=270) / draws
+    assert np.abs(freq - 0.1).max() < 5 * np.sqrt(0.1 * 0.9 / draws)
+    # and every pair of 6 heads equally often (not only the marginals): 15 pairs, 30,000 draws
+    pairs = ab.null_sets(6, 2, 0, 30_000, np.random.default_rng(6)).sets
+    counts = np.bincount(pairs[:, 0] * 6 + pairs[:, 1], minlength=36)[np.triu_indices(6, 1)[0] * 6 + np.triu_indices(6, 1)[1]]
+    assert counts.sum() == 30_000 and np.abs(counts - 2000).max() < 5 * np.sqrt(2000 * 14 / 15)
+
+
+def test_null_sets_reject_impossible_sizes():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="k: at most n_units = 4"):
+        ab.null_sets(4, 5, 100, 10, rng)
+    for bad in ({"k": 0}, {"n_random": 0}, {"exact_max": -1}, {"n_units": 2.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ab.null_sets(**{"n_units": 4, "k": 2, "exact_max": 100, "n_random": 10, "rng": rng, **bad})
+    with pytest.raises(ValueError, match=r"sets: unit indices must be in \[0, 6\)"):
+        ab.masks_from_sets(np.array([[0, 6]]), (2, 3))
+
+
+def test_bottom_set_of_a_30_by_9_layout_is_the_first_27_heads_of_each_ranking():
+    """Table 1's bottom 10% of 270 heads is 27 of them (not the curves' nearest grid size): each
+    ranking's bottom set is the first 27 heads of its order, and its mask gates exactly those."""
+    from oattn_lib.entropy import n_extreme
+    rng = np.random.default_rng(0)
+    orders = {ab.HAAR_LOW: [ab.lowest_first(rng.random((30, 9)))], ab.GRADIENT: [ab.lowest_first(rng.random((30, 9)))],
+              ab.RANDOM: [ab.random_order(270, s) for s in range(3)]}
+    k = n_extreme(270, 0.1)
+    assert k == 27
+    sets = ab.ranking_sets(orders, k)
+    assert list(sets) == [ab.HAAR_LOW, ab.GRADIENT]  # random orders are the null's, not a ranking
+    for name, s in sets.items():
+        np.testing.assert_array_equal(s, np.sort(orders[name][0][:27]))
+        gates = ab.masks_from_sets(s[None], (30, 9))
+        assert gates.shape == (1, 30, 9) and (gates == 0).sum() == 27
+        np.testing.assert_array_equal(gates, ab.masks_from_order(orders[name][0], [27], (30, 9)))
+    with pytest.raises(ValueError, match="k: 271 heads"):
+        ab.ranking_sets(orders, 271)
+
+
+def _units(heads: str) -> list[int]:
+    """Flat unit indices of a bottom.csv `heads` cell ("layer.head;...") of a 3-head layout."""
+    return [int(lh.split(".")[0]) * 3 + int(lh.split(".")[1]) for lh in heads.split(";")]
+
+
+def test_stage_bottom_test_masks_each_rankings_first_k_against_every_k_subset(stage):
+    """entropy.fraction 0.3 of 6 heads: each ranking masks its first 2 heads, the null is all 15
+    pairs (exact), each measured on the held-out segments; the Haar set's metric is the curve's at
+    k = 2 and the one of the null's pair with the same heads."""
+    _, outs, model, test, stores = stage
+    b = pd.read_csv(outs["bottom"], keep_default_na=False)
+    r, curves, _ = _stored(outs)
+    assert list(b.columns) == ["model", "set", "index", "heads", "value", "k", "n_units", "null", "n_null",
+                               "n_sets_total", "metric", "higher_is_better", "log_metric"]
+    rank_names = [n for n in ab.RANKINGS if n != ab.RANDOM]
+    assert list(b["set"]) == rank_names + [ab.NULL_SET] * 15
+    assert list(b["index"]) == [0] * 5 + list(range(15))
+    const = b[["k", "n_units", "null", "n_null", "n_sets_total", "metric", "higher_is_better", "log_metric"]]
+    assert (const == pd.Series({"k": 2, "n_units": 6, "null": "exact", "n_null": 15, "n_sets_total": 15,
+                                "metric": "perplexity", "higher_is_better": False, "log_metric": True})).all().all()
+    sets = [tuple(_units(h)) for h in b["heads"]]
+    assert all(len(s) == 2 == len(set(s)) for s in sets)
+    assert sorted(sets[5:]) == [(i, j) for i in range(6) for j in range(i + 1, 6)]
+    null = dict(zip(sets[5:], b["value"][5:]))
+    for name, s, v in zip(rank_names, sets, b["value"]):
+        o = r[r["ranking"] == name].sort_values("position")
+        assert s == tuple(sorted((o["layer"] * 3 + o["head"]).to_numpy()[:2].tolist())), name
+        assert v == pytest.approx(null[s], rel=1e-12), name  # the same mask, measured once
+        at_k = curves[(curves["ranking"] == name) & (curves["k"] == 2)]["perplexity"]
+        assert v == pytest.approx(float(at_k.iloc[0]), rel=1e-12), name
+    # every pair's perplexity, recomputed with the plain model on the held-out segments
+    used = [int(xr.open_zarr(s, consolidated=False).attrs["source_index"]) for s in stores]
+    data, _ = held_out_segments(test, 8, np.array(used), 6, np.random.default_rng(0))
+    layout = gating.head_layout(model, "txl")
+    for s, v in null.items():
+        g = torch.ones(6)
+        g[list(s)] = 0
+        with torch.no_grad(), gating.head_gates(model, layout, g.reshape(2, 3)):
+            nll = [float(model(data.inputs[i:i + 1, :-1], data.inputs[i:i + 1, 1:]).loss) for i in range(len(data))]
+        assert v == pytest.approx(np.exp(np.mean(nll)), rel=1e-5), s
+    # the pairs' perplexities differ: a rank among them means something
+    assert len(set(np.round(list(null.values()), 6))) > 10
+
+
+def test_stage_bottom_test_of_a_causal_lm_draws_its_random_null_from_the_seed(lm_stage):
+    d, outs, mcfg, texts, stores, params = lm_stage
+    b = pd.read_csv(outs["bottom"], keep_default_na=False)
+    assert set(b["null"]) == {"random"} and set(b["n_null"]) == {6} and set(b["n_sets_total"]) == {28}
+    assert set(b["k"]) == {2} and set(b["metric"]) == {"perplexity"} and b["log_metric"].all()
+    assert not b["higher_is_better"].any()
+    rows = b[b["set"] == ab.NULL_SET]
+    assert list(rows["index"]) == list(range(6))
+    got = np.array([[int(lh.split(".")[0]) * 4 + int(lh.split(".")[1]) for lh in h.split(";")] for h in rows["heads"]])
+    want = ab.null_sets(8, 2, 20, 6, np.random.default_rng([params["seed"], 1])).sets
+    np.testing.assert_array_equal(got, want)
+    curves = pd.read_csv(outs["curves"])
+    haar = b[b["set"] == ab.HAAR_LOW]["value"].iloc[0]
+    at_k = curves[(curves["ranking"] == ab.HAAR_LOW) & (curves["k"] == 2)]["perplexity"].iloc[0]
+    assert haar == pytest.approx(at_k, rel=1e-12)
+
+
 # -- the prune rule in the real workflow (tiny config) -------------------------------------
 @pytest.mark.workflow
 def test_workflow_prune_outputs_and_reruns(clean_run):
@@ -827,6 +954,12 @@ def test_workflow_prune_outputs_and_reruns(clean_run):
         assert (res / model / "figures" / "fig7.png").stat().st_size > 10_000
         assert (res / "logs" / model / "prune.log").is_file()
         assert "predict" in (res / model / "prune" / "finding.rst").read_text()
+        b = pd.read_csv(res / model / "prune" / "bottom.csv", keep_default_na=False)
+        assert set(b["k"]) == {max(1, round(TINY["entropy"]["fraction"] * int(b["n_units"].iloc[0])))}
+    # the bottom set's size is entropy.fraction's (Table 1's): a change reruns every prune job
+    cfg = copy.deepcopy(TINY)
+    cfg["entropy"] = {**TINY["entropy"], "fraction": TINY["entropy"]["fraction"] / 2}
+    assert planned_jobs(snakemake(clean_run, cfg, "-n"))["prune"] == 3
     cfg = copy.deepcopy(TINY)
     cfg["prune"] = {"tolerance": 0.05}
     # the summary page carries Tables 3 and 4

@@ -137,12 +137,12 @@ def test_pruning_on_the_gpu_measures_what_the_cpu_measures(decoder, tmp_path):
         o.mkdir(exist_ok=True)
         outs = {k: o / f"{k}.{ext}" for k, ext in (("curves", "csv"), ("rankings", "csv"), ("finding", "rst"),
                                                    ("fig7", "png"), ("table3_csv", "csv"), ("table3_md", "md"),
-                                                   ("table4_csv", "csv"), ("table4_md", "md"))}
+                                                   ("table4_csv", "csv"), ("table4_md", "md"), ("bottom", "csv"))}
         prune_stage.prune("hf", mcfg, None, d / "meta.json", None, stores, tmp_path / "entropy.zarr", outs,
-                          device=dev, **params)
-        got[dev] = {k: pd.read_csv(outs[k]) for k in ("curves", "rankings", "table3_csv")}
+                          fraction=0.25, device=dev, **params)
+        got[dev] = {k: pd.read_csv(outs[k]) for k in ("curves", "rankings", "table3_csv", "bottom")}
     a, b = got["cpu"], got[GPU]
-    for name in ("curves", "rankings"):
+    for name in ("curves", "rankings", "bottom"):
         assert list(a[name].columns) == list(b[name].columns)
         num = a[name].select_dtypes("number").columns
         pd.testing.assert_frame_equal(a[name].drop(columns=num), b[name].drop(columns=num))

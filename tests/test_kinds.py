@@ -84,7 +84,8 @@ def test_the_stages_refuse_a_kind_before_any_work(tmp_path):
         train_model("hf", {}, {}, {}, tmp_path / "missing.npz", tmp_path / "missing.json", None, None)
     with pytest.raises(ValueError, match="unknown model kind 'gpt'"):
         prune("gpt", {"name": "m"}, None, None, None, [], None, {}, fraction_step=0.1, random_seeds=1, seed=0,
-              held_out={}, grad_projections=1, batch_size=1, tolerance=0.1, stability_fraction=0.2, device="cpu")
+              held_out={}, grad_projections=1, batch_size=1, tolerance=0.1, stability_fraction=0.2,
+              bottom_exact_max=10, bottom_random_sets=9, fraction=0.1, device="cpu")
 
 
 def test_what_the_rules_read_of_each_kind():

@@ -318,6 +318,10 @@ def test_prune_passes_count_rankings_mask_sizes_and_windows():
     # 5 rankings + 3 random orders, masks 0-100% in steps of 0.2, 4 held-out windows
     assert resources.prune_passes({"fraction_step": 0.2, "random_seeds": 3, "held_out": {"hf_windows": 4}}) == 192
     assert resources.prune_passes({"fraction_step": 0.1, "random_seeds": 5, "held_out": {"hf_windows": 1}}) == 110
+    # the bottom test's null: every set of 2 of 16 heads (120), or the random sets of 27 of 270
+    assert resources.prune_passes({"fraction_step": 0.1, "random_seeds": 5}, 16, 0.1) == 110 + 120
+    assert resources.prune_passes({"fraction_step": 0.2, "random_seeds": 3, "held_out": {"hf_windows": 4},
+                                   "bottom_random_sets": 19}, 270, 0.1) == 192 + 19 * 4
     first = resources.model_job_runtime_minutes("prune", {"network_mb": 1132.0}, 192)
     assert resources.model_job_runtime_minutes("prune", {"network_mb": 1132.0}, 192, attempt=2) > first
     with pytest.raises(ValueError, match="no resource model"):

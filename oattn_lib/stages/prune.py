@@ -4,12 +4,15 @@ Every ranking of `oattn_lib.ablation` scores the heads on the extracted samples;
 heads are masked (`models.gating`) and the network is measured on held-out data that shares
 nothing with those samples. Written: the curves, the rankings, Table 3 (area under each
 curve, the largest fraction masked within the tolerance) and Table 4 (each ranking's
-stability across samples) with their measured prose, and Figure 7.
+stability across samples) with their measured prose, Figure 7, and the bottom-k test: each
+ranking's first k = round(entropy.fraction x heads) heads masked, beside the k-subsets of its
+null (docs/method.md §11.5).
 """
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +20,12 @@ import numpy as np
 import torch
 
 from .. import store
-from ..ablation import (ATTN_ENTROPY, CONFIDENCE, GRADIENT, HAAR_HIGH, HAAR_LOW, METRICS, PERPLEXITY, RANDOM,
-                        RANKINGS, HeldOut, attention_confidence, attention_entropy, curve_summary, evaluate_masks,
-                        gradient_importance, lowest_first, mask_counts, masks_from_order, normalize_per_layer,
-                        random_order, ranking_stability)
+from ..ablation import (ATTN_ENTROPY, CONFIDENCE, GRADIENT, HAAR_HIGH, HAAR_LOW, METRICS, NULL_SET, PERPLEXITY,
+                        RANDOM, RANKINGS, HeldOut, NullSets, attention_confidence, attention_entropy, curve_summary,
+                        evaluate_masks, gradient_importance, lowest_first, mask_counts, masks_from_order,
+                        masks_from_sets, normalize_per_layer, null_sets, random_order, ranking_sets,
+                        ranking_stability)
+from ..entropy import n_extreme
 from ..models import adapter_for
 from ..runtime import resolve_device
 
@@ -101,15 +106,47 @@ def _orders(mean_scores: dict, n_units: int, random_seeds: int, seed: int) -> di
     return {k: orders[k] for k in RANKINGS}
 
 
-def _curves(net, layout, data: HeldOut, orders: dict, ks: np.ndarray, batch_size: int) -> dict:
-    """The held-out metric of every ranking's masks; each distinct mask is evaluated once, all in
-    batched forwards."""
+@dataclass(frozen=True)
+class _Bottom:
+    """The bottom-k test's sets (docs/method.md §11.5): each ranking's first k heads and its null."""
+
+    k: int
+    rankings: dict  # ranking (not random) -> (k,) flat unit indices, ascending
+    null: NullSets
+
+    @property
+    def sets(self) -> np.ndarray:
+        """(rankings + null sets, k): the rankings' sets in the order of RANKINGS, then the null's."""
+        return np.concatenate([np.stack(list(self.rankings.values())), self.null.sets])
+
+
+def _bottom(orders: dict, n_units: int, fraction: float, exact_max: int, n_random: int, seed: int) -> _Bottom:
+    k = n_extreme(n_units, fraction)
+    # a stream of its own: the null's draws neither depend on nor repeat the held-out selection
+    # (default_rng(seed)) or the random orders (default_rng(seed + s))
+    null = null_sets(n_units, k, exact_max, n_random, np.random.default_rng([seed, 1]))
+    return _Bottom(k, ranking_sets(orders, k), null)
+
+
+def _measure(net, layout, data: HeldOut, orders: dict, ks: np.ndarray, bottom: _Bottom,
+             batch_size: int) -> tuple[dict, np.ndarray]:
+    """The held-out metric of every ranking's masks (the curves: ranking -> (len(ks),), random
+    (seeds, len(ks))) and of every set of the bottom-k test ((len(bottom.sets),)); each distinct
+    mask is evaluated once, all in one batched evaluation."""
     L, H = layout.shape
-    all_masks = np.concatenate([masks_from_order(o, ks, (L, H)) for k in RANKINGS for o in orders[k]])
-    uniq, inverse = np.unique(all_masks.reshape(len(all_masks), -1), axis=0, return_inverse=True)
-    log.info("%d rankings x %d mask sizes = %d masks, %d distinct; %d held-out examples each",
-             sum(len(v) for v in orders.values()), len(ks), len(all_masks), len(uniq), len(data))
+    curve_masks = np.concatenate([masks_from_order(o, ks, (L, H)) for k in RANKINGS for o in orders[k]])
+    set_masks = masks_from_sets(bottom.sets, (L, H))
+    all_masks = np.concatenate([curve_masks, set_masks]).reshape(-1, L * H)
+    uniq, inverse = np.unique(all_masks, axis=0, return_inverse=True)
+    log.info("%d rankings x %d mask sizes = %d masks, and the bottom-%d test's %d rankings' sets and %d %s null "
+             "sets of the %d k-subsets: %d masks, %d distinct; %d held-out examples each",
+             sum(len(v) for v in orders.values()), len(ks), len(curve_masks), bottom.k, len(bottom.rankings),
+             len(bottom.null.sets), bottom.null.kind, bottom.null.n_total, len(all_masks), len(uniq), len(data))
+    t0 = time.perf_counter()
     metric_u = evaluate_masks(net, layout, data, torch.from_numpy(uniq.reshape(-1, L, H)), batch_size)
+    dt = time.perf_counter() - t0
+    log.info("%d distinct masks x %d held-out examples measured in %.1f s (%.3f s per mask)", len(uniq), len(data),
+             dt, dt / len(uniq))
     metric_all = metric_u[inverse.reshape(-1)]
     curves, pos = {}, 0
     for k in RANKINGS:
@@ -117,7 +154,7 @@ def _curves(net, layout, data: HeldOut, orders: dict, ks: np.ndarray, batch_size
         c = metric_all[pos:pos + n_o * len(ks)].reshape(n_o, len(ks))
         curves[k] = c if k == RANDOM else c[0]
         pos += n_o * len(ks)
-    return curves
+    return curves, metric_all[pos:]
 
 
 GRAD_BUDGET = 2 << 30
@@ -158,14 +195,17 @@ def _rows_per_pass(batch_size: int, layout, n_tokens: int, *, grad: bool, budget
 def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention_stores: list,
           entropy_store, outs: dict, *, fraction_step: float, random_seeds: int, seed: int, held_out: dict,
           grad_projections: int, batch_size: int, tolerance: float, stability_fraction: float,
-          device) -> None:
-    """Head-ablation study of one model (docs/method.md §11): Figure 7, Tables 3 and 4, the curves.
+          bottom_exact_max: int, bottom_random_sets: int, fraction: float, device) -> None:
+    """Head-ablation study of one model (docs/method.md §11): Figure 7, Tables 3 and 4, the curves,
+    the bottom-k test.
 
     model_cfg: the model's `name`, its `path` (hf) and `data.image_size` (vit); the keyword
-    arguments are the config's `prune` section (the schema's defaults filled in) and `device`.
+    arguments are the config's `prune` section (the schema's defaults filled in), `fraction`
+    (config `entropy.fraction`: the bottom set is its n_extreme(heads, fraction) heads, Table 1's)
+    and `device`.
     outs: paths for `curves` (csv), `rankings` (csv), `finding` (rst, the measured verdict
     the report captions include), `fig7` (png), `table3_csv`, `table3_md`, `table4_csv`,
-    `table4_md`.
+    `table4_md`, `bottom` (csv: `_bottom_table`).
     """
     model_kind = adapter_for(kind)
     if not model_kind.prunes:
@@ -191,10 +231,12 @@ def prune(kind: str, model_cfg: dict, data_npz, data_meta, checkpoint, attention
     n_units = layout.n_layer * layout.n_head
     orders = _orders(mean_scores, n_units, random_seeds, seed)
     ks = mask_counts(n_units, fraction_step)
-    curves = _curves(net, layout, data, orders, ks, eval_rows)
+    bottom = _bottom(orders, n_units, fraction, bottom_exact_max, bottom_random_sets, seed)
+    curves, set_values = _measure(net, layout, data, orders, ks, bottom, eval_rows)
     m = _Measured(model_cfg["name"], layout.objective, layout.shape, haar.shape[0], len(data), ks, per_sample, mean_scores,
                   orders, curves)
     _write_outputs(m, outs, tolerance, stability_fraction)
+    store.atomic_write_text(outs["bottom"], _bottom_table(m, bottom, set_values).to_csv(index=False))
 
 
 # -- outputs ------------------------------------------------------------------------------------
@@ -251,6 +293,32 @@ def _stability_prose(t4, n_samples: int, stability_fraction: float) -> str:
             f"{rh.loc[RANDOM, 'spearman_mean']:.2f} / {rh.loc[RANDOM, 'jaccard_mean']:.2f}); the mean Haar "
             f"entropy correlates with gradient importance at Spearman "
             f"{rh.loc[HAAR_LOW, 'spearman_with_gradient']:.2f}.")
+
+
+def _bottom_table(m: _Measured, bottom: _Bottom, values: np.ndarray):
+    """The bottom-k test as measured, one row per set (the rankings' in the order of RANKINGS, then
+    the null's): `set` (the ranking, or NULL_SET), `index` (0 for a ranking, the null set's index),
+    `heads` ("layer.head;..." ascending), `value` (the held-out metric with those heads masked),
+    and the constants a p-value needs: `k`, `n_units`, `null` ("exact": every k-subset; "random"),
+    `n_null`, `n_sets_total` (comb(n_units, k)), `metric`, `higher_is_better`, `log_metric` (Table
+    3's areas are of the metric's log: compare in log). Read with pandas' keep_default_na=False:
+    its default reads "null" as missing. n_sets_total can exceed int64 (comb(270, 27) has 38
+    digits): pandas reads such a column as text, int() of it is exact."""
+    import pandas as pd
+
+    metric, higher = METRICS[m.objective]
+    H = m.shape[1]
+    sets = bottom.sets
+    if values.shape != (len(sets),):
+        raise ValueError(f"values: expected one per set ({len(sets)},), got shape {values.shape}")
+    n_rank = len(bottom.rankings)
+    heads = [";".join(f"{u // H}.{u % H}" for u in row) for row in sets.tolist()]
+    return pd.DataFrame({
+        "model": m.name, "set": list(bottom.rankings) + [NULL_SET] * len(bottom.null.sets),
+        "index": np.r_[np.zeros(n_rank, dtype=int), np.arange(len(bottom.null.sets))], "heads": heads,
+        "value": values.astype(np.float64), "k": bottom.k, "n_units": m.n_units, "null": bottom.null.kind,
+        "n_null": len(bottom.null.sets), "n_sets_total": bottom.null.n_total, "metric": metric,
+        "higher_is_better": higher, "log_metric": m.objective in PERPLEXITY})
 
 
 def _blank_nan(df):

@@ -1,6 +1,8 @@
 # Head ablation (GPU-capable; beyond the paper): does low Haar entropy mean a head can go?
 # Every ranking masks its first k heads; the network is measured on held-out data
 # (Figure 7, Table 3) and each ranking's stability across samples is compared (Table 4).
+# The bottom-k test (bottom.csv): each ranking's first round(entropy.fraction x heads) heads
+# masked, beside every (or random) set of as many heads.
 
 
 rule prune:
@@ -15,6 +17,7 @@ rule prune:
     output:
         curves=f"{R}/{{model}}/prune/curves.csv",
         rankings=f"{R}/{{model}}/prune/rankings.csv",
+        bottom=f"{R}/{{model}}/prune/bottom.csv",
         finding=f"{R}/{{model}}/prune/finding.rst",
         fig7=report(
             f"{R}/{{model}}/figures/fig7.png", caption="../report/fig7.rst", category="Figures", subcategory="{model}"
@@ -41,6 +44,8 @@ rule prune:
     params:
         model=prune_model_params,
         prune=lambda wildcards: {k: v for k, v in PRUNE[wildcards.model].items() if k != "enabled"},
+        # the bottom set's size, Table 1's: a change reruns prune
+        fraction=config["entropy"]["fraction"],
         device=config["device"],
         code=code_version("prune"),
     script:
