@@ -60,8 +60,28 @@ BASELINES = ("network_l1", "network_l1_random", "network_sparsity_random", "netw
 def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
             config_slice: dict | None = None, code: str | None = None) -> None:
     """Per-head and per-network l1 entropies and sparsity for every sample (docs/method.md §6),
-    from the coarsest coefficients and the level sums the decompose stage keeps (§6.6)."""
-    rows = {k: [] for k in ("head_entropy", "head_sparsity", "network_entropy", "network_sparsity",
+    from the coarsest coefficients and the level sums the decompose stage keeps (§6.6).
+
+    Parameters
+    ----------
+    decomposed_stores : list of paths
+        One decomposed store per sample, in the samples' order.
+    out : path
+        The entropy store written.
+    head_top_k, network_top_k : int
+        The coarsest bi-Haar (per head) and tri-Haar (per network) coefficients summed (§6.2);
+        all of a sample that has fewer.
+    config_slice, code : optional
+        Provenance attributes of the store (§12.3).
+
+    Notes
+    -----
+    The store holds, over (sample, layer, head): `head_entropy`, `head_sparsity` and `head_l2`,
+    each head's Frobenius norm (the l2 norm of its bi-Haar coefficients, the basis being
+    orthonormal: the scale a head's entropy grows with, §6.4), NaN where a (layer, head) is not
+    stored; over (sample): the network's entropy, sparsity, l2 norm and baselines (§6.3) and each
+    sample's top_k. Its attributes record the rule for masked entries (§9.5)."""
+    rows = {k: [] for k in ("head_entropy", "head_sparsity", "head_l2", "network_entropy", "network_sparsity",
                             "network_l1", "network_l1_random", "network_sparsity_random", "network_l1_natural",
                             "network_sparsity_natural", "network_l2", "head_top_k", "network_top_k")}
     first, filled = None, 0
@@ -88,6 +108,7 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
         # l1/l2 of every coefficient, exactly, from the sums per level
         lv = {v: store.load_variable(ds, v, path, finite=True) for v in NEEDED[2:]}
         rows["head_sparsity"].append(ratio_of_sums(lv["bihaar_level_l1"], lv["bihaar_level_l2sq"], (0, 1)))
+        rows["head_l2"].append(np.sqrt(lv["bihaar_level_l2sq"].sum((0, 1), dtype=np.float64)))
         rows["network_sparsity"].append(float(ratio_of_sums(lv["trihaar_level_l1"], lv["trihaar_level_l2sq"],
                                                             (0, 1, 2))))
         # the l2 norm of every tri-Haar coefficient is the tensor's Frobenius norm (an orthonormal
@@ -110,6 +131,7 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
     out_ds = xr.Dataset(
         {"head_entropy": (("sample", "layer", "head"), np.stack([grid(v) for v in rows["head_entropy"]])),
          "head_sparsity": (("sample", "layer", "head"), np.stack([grid(v) for v in rows["head_sparsity"]])),
+         "head_l2": (("sample", "layer", "head"), np.stack([grid(v) for v in rows["head_l2"]])),
          **{k: ("sample", np.asarray(rows[k])) for k in rows if k.startswith("network")},
          "head_top_k": ("sample", np.asarray(rows["head_top_k"], dtype=np.int64))},
         coords={"sample": np.arange(n_s), "layer": layer_ids, "head": head_ids},
