@@ -172,27 +172,46 @@ def geometric_mean(curves, axis: int = -2) -> np.ndarray:
 def crossover_counts(curves, baseline: str, organized: str = "2-D organized") -> dict:
     """Where each head-sample's organized curve stops beating its `baseline` curve, over a table of
     curves (columns sample, layer, head, order, seed, tau, residual: the theorem1 stage's; random
-    orders' curves are combined per head-sample by `geometric_mean`).
+    orders' curves are combined per head-sample by their geometric mean, NaN where one is NaN).
+
+    `crossover` on every head-sample at once: the organized curve on its own temperature grid, the
+    baseline's at those temperatures; head-samples without both are left out.
 
     Returns {"n": head-samples compared, "status": {status: count} (`Crossover.status`), "tau":
     the crossover temperatures of those that stop beating, sorted}."""
     import pandas as pd
 
     df = pd.DataFrame(curves)
-    status: dict[str, int] = {}
-    taus_at: list[float] = []
-    n = 0
-    for _, g in df.groupby(["sample", "layer", "head"], sort=True):
-        org = g[g["order"] == organized].sort_values("tau")
-        base = g[g["order"] == baseline]
-        if org.empty or base.empty:
-            continue
-        grid = org["tau"].to_numpy(dtype=np.float64)
-        b = base.pivot_table(index="seed", columns="tau", values="residual", aggfunc="first", dropna=False)
-        b = b.reindex(columns=grid).to_numpy(dtype=np.float64)
-        x = crossover(grid, org["residual"].to_numpy(dtype=np.float64), geometric_mean(b, axis=0))
-        status[x.status] = status.get(x.status, 0) + 1
-        if x.status == "stops beating":
-            taus_at.append(float(x.tau))
-        n += 1
-    return {"n": n, "status": status, "tau": sorted(taus_at)}
+    key = ["sample", "layer", "head"]
+    org = df[df["order"] == organized].pivot_table(index=key, columns="tau", values="residual", aggfunc="first",
+                                                   dropna=False)
+    base = df[df["order"] == baseline]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = base.assign(log=np.log(base["residual"].to_numpy(dtype=np.float64)))
+    by = [logs[c] for c in key + ["tau"]]
+    # the geometric mean over seeds, not finite where one seed is NaN (pandas' mean would skip it)
+    gmean = np.exp(logs["log"].groupby(by).mean()).where(~logs["log"].isna().groupby(by).any())
+    b = gmean.unstack("tau")
+    both = org.index.intersection(b.index)
+    if org.empty or both.empty:
+        return {"n": 0, "status": {}, "tau": []}
+    t = org.columns.to_numpy(dtype=np.float64)
+    o = org.loc[both].to_numpy(dtype=np.float64)
+    bb = b.loc[both].reindex(columns=org.columns).to_numpy(dtype=np.float64)
+    o, bb = np.where(np.isfinite(o), o, np.inf), np.where(np.isfinite(bb), bb, np.inf)
+    beats = o < bb
+    stop = beats[:, :-1] & ~beats[:, 1:]                 # beating at k, not at k + 1
+    k = stop.argmax(1)
+    rows = np.arange(o.shape[0])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d0 = np.log(o[rows, k]) - np.log(bb[rows, k])
+        d1 = np.log(o[rows, k + 1]) - np.log(bb[rows, k + 1])
+        lt0, lt1 = np.log(t[k]), np.log(t[k + 1])
+        interp = np.exp(lt0 + (lt1 - lt0) * (0 - d0) / (d1 - d0))
+    tau = np.where(np.isfinite(d0) & np.isfinite(d1) & (d0 != d1), interp, t[k + 1])
+    status = np.where(beats.all(1), "beats throughout", np.where(~beats.any(1), "never beats",
+                      np.where(stop.any(1), "stops beating", "starts beating")))
+    names, counts = np.unique(status, return_counts=True)
+    stops = status == "stops beating"
+    return {"n": int(o.shape[0]), "status": {str(s): int(c) for s, c in zip(names, counts)},
+            "tau": sorted(float(x) for x in tau[stops])}

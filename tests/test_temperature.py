@@ -284,3 +284,32 @@ def test_crossover_counts_per_head_sample_against_the_geometric_mean_of_random_o
     add(2, "random", 1, [1.0] * 3)
     assert crossover_counts(pd.DataFrame(rows), "random")["status"] == {"never beats": 1}
     assert crossover_counts(pd.DataFrame(rows), "original")["n"] == 0
+
+
+def test_crossover_counts_is_crossover_on_every_head_sample():
+    import pandas as pd
+
+    from oattn_lib.temperature import crossover, crossover_counts, geometric_mean
+
+    rng = np.random.default_rng(7)
+    taus = temperature_grid(9)
+    rows, curves = [], {}
+    for s, h in np.ndindex(4, 6):
+        org = np.exp(rng.normal(0, 1, taus.size).cumsum() * 0.3)
+        seeds = np.exp(rng.normal(0, 1, (2, taus.size)).cumsum(1) * 0.3)
+        if (s + h) % 7 == 0:
+            org[rng.integers(taus.size)] = np.nan                     # not representable somewhere
+        if (s + h) % 5 == 0:
+            seeds[1, rng.integers(taus.size)] = np.nan
+        curves[(s, h)] = (org, seeds)
+        rows += [{"sample": s, "layer": 0, "head": h, "order": "2-D organized", "seed": -1, "tau": t, "residual": v}
+                 for t, v in zip(taus, org)]
+        rows += [{"sample": s, "layer": 0, "head": h, "order": "random", "seed": k, "tau": t, "residual": v}
+                 for k in range(2) for t, v in zip(taus, seeds[k])]
+    got = crossover_counts(pd.DataFrame(rows), "random")
+    want = [crossover(taus, o, geometric_mean(b, axis=0)) for o, b in curves.values()]
+    status = {}
+    for x in want:
+        status[x.status] = status.get(x.status, 0) + 1
+    assert got["n"] == 24 and got["status"] == status and len(status) > 2
+    np.testing.assert_allclose(got["tau"], sorted(x.tau for x in want if x.status == "stops beating"), rtol=1e-12)
