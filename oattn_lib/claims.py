@@ -1,64 +1,107 @@
-"""The paper's claims, each beside the sentence of the paper it tests, the number measured here
-that tests it and a verdict derived from what that sentence says (docs/method.md §13).
+"""The paper's claims, each beside the sentence of the paper it tests, tested as a referee would
+(docs/method.md §13).
 
-Per model:
+Every row is one test of one claim on one model against one baseline: an effect oriented so that
+a positive value favours the claim, its 95% cluster-bootstrap interval over the independent units
+(a head, a sample, a random head order, a set of heads), a one-sided p-value and that p-value
+corrected by Holm over every test of the table (`finalize`). The verdict follows from the interval
+and the corrected p-value (`RULES`): it holds where the corrected p-value is below 0.05 and the
+whole interval clears the row's margin (the method's noise floor, or the claim's own magnitude);
+it does not hold where the whole interval lies below the row's failure line; otherwise it is
+inconclusive. A claim with several baselines gets one more row, "every baseline", that holds only
+where every one of them does. Per model:
 
-- sparsity: the network l1/l2 of all tri-Haar coefficients (docs/method.md §6.3) under the
-  organized trees against balanced trees in the natural order and on random permutations;
-- recurrence and top recurrence: the mean Jaccard index of the bottom (top) entropy head sets
-  between every pair of samples, against its chance level (Table 1's two sides);
-- paraproduct (Theorem 1): the relative residual of the paraproduct at tau = 1, its size and
-  whether the 2-D organized order beats the original and random orders head-sample by head-sample;
-- smoothness (Theorem 1, the residual in Lambda^{2 alpha}) and Corollary 1 (A' = A'' = 1): from
-  the every-head Theorem 1 table where one was computed;
-- pruning: the area under the held-out metric curve masking lowest entropy first, and the
-  metric with the bottom `fraction` of heads masked, against random orders (docs/method.md §11.3);
-- Table 2: the network l1 entropy's range, raw and divided by the tensor's l2 norm, and across
-  models of several kinds whether their order survives that scale-free measure;
-- diffusion: the silhouette of the heads grouped by layer in the diffusion coordinates against
-  shuffled layer labels (Figure 3's continuous or clustered map).
+- sparsity: the network l1/l2 of all tri-Haar coefficients (§6.3), organized against balanced trees
+  in the natural order and against random trees, per sample;
+- recurrence (bottom and top): the mean Jaccard index of the entropy head sets over pairs of samples,
+  against chance (a permutation test) and beyond the head's amplitude (the entropy left after its
+  per-sample regression on the head's Frobenius norm);
+- the approximations of Theorem 1 and Corollary 1 (`APPROXIMATIONS`): each head's relative residual
+  at tau = 1 against uniform attention, the same expansion without its cross terms, and the
+  original and random orders; head as the unit;
+- smoothness (Theorem 1 as stated): the exponent of the scores f (the premise, 0 < alpha < 1/2) and,
+  on the heads that meet it, the residual's exponent against 2 alpha;
+- pruning: the area under the held-out metric curve against random orders, and the metric with
+  exactly round(fraction x heads) lowest-entropy heads masked against every (or random) set of as
+  many heads;
+- Table 2: reported per model; the paper's order (TXL above ViT) judged on the scale-free measure
+  between a txl and a vit model only;
+- diffusion: a label-free clustering statistic of the heads' diffusion map against a continuous
+  (Gaussian) cloud of the same spread, read as the paper reads each kind.
 
-Every verdict is HOLDS, NOT_HERE or MIXED, decided from the numbers by the rule in `RULES`
-(all of them in `RULES_TEXT`, the tables' note); NOT_RUN says why a claim was not measured, and
-REPORTED marks a row of numbers with no verdict of its own (the cross-model row compares them).
+`NOT_RUN` says why a claim was not measured; `REPORTED` marks numbers with no verdict of their own;
+`PREMISE_NOT_MET` a Theorem 1 row none of whose heads meets the theorem's premise.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from math import comb
+import zlib
+from dataclasses import asdict, dataclass, replace
+from math import comb, log
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["HOLDS", "MIXED", "NOT_HERE", "NOT_RUN", "REPORTED", "RULES", "RULES_TEXT", "CLAIMS", "QUOTES", "Claim",
-           "chance_jaccard", "claim_key", "claims_markdown", "claims_records", "claims_rst", "corollary1_claim",
-           "diffusion_claim", "head_sample_residuals", "layer_silhouette_test", "paper_number", "paraproduct_claim",
-           "pruning_bottom_claim", "pruning_claim", "recurrence_claim", "sign_test", "silhouette",
-           "smoothness_claim", "sparsity_claim", "stability_text", "table2_claim", "table2_order_claim"]
+from .clustering import ClusterTest
+from .entropy import n_extreme
+from .inference import (ALPHA, CLIP, MIN_UNITS, Test, exact_or_mc_test, holm, holm_multipliers, one_sample_test,
+                        permutation_p, two_sample_test, unit_values, with_mde)
+from .stability import bottom_sets, mean_pair_jaccard
 
-HOLDS, NOT_HERE, MIXED, NOT_RUN = "holds", "does not hold here", "mixed", "not run"
+__all__ = ["APPROXIMATIONS", "CLAIMS", "COLUMNS", "HOLDS", "INCONCLUSIVE", "NOT_HERE", "NOT_RUN", "PREMISE_NOT_MET",
+           "QUOTES", "REPORTED", "RULES", "RULES_TEXT", "Claim", "approximation_rows", "chance_jaccard",
+           "claims_markdown", "claims_records", "claims_rst", "decide", "diffusion_row", "finalize",
+           "head_sample_residuals", "paper_number", "pruning_bottom_row", "pruning_row", "recurrence_null",
+           "recurrence_rows", "redecide", "smoothness_row", "sparsity_rows", "table2_order_rows", "table2_row",
+           "verdict_text"]
+
+HOLDS, NOT_HERE, INCONCLUSIVE, NOT_RUN = "holds", "does not hold here", "inconclusive", "not run"
+PREMISE_NOT_MET = "premise not met"
 REPORTED = "reported (no verdict of its own)"
+EVERY_BASELINE = "every baseline"
+"""The baseline of a claim's summary row: it holds only where the claim holds against each baseline."""
 
-SPARSITY_MARGIN = 0.95
+SPARSITY_MARGIN = -log(0.95)
+"""log(baseline l1/l2 / organized l1/l2) must clear this: the organized tensor at least 5% sparser."""
+RESIDUAL_MARGIN = log(1.05)
+"""log(baseline residual / organized residual) must clear this: a residual at least 5% lower, above
+the spread of a residual under perturbations that carry no information (docs/method.md §14.5)."""
 RECURRENCE_HOLDS = 0.5
+"""The mean Jaccard index "the same heads" must reach (the interval's lower end)."""
 RECURRENCE_CHANCE_FACTOR = 2.0
-SIGN_TEST_P = 0.05
-"""The one-sided sign test's level: organizing helps where it wins significantly more than half the pairs."""
-PRUNING_SDS = 2.0
-CLUSTER_P = 0.05
-"""A sample's heads are clustered by layer where their silhouette is positive and its permutation p-value
-below this."""
-PERMUTATIONS = 200
+"""Below this multiple of its chance level (the interval's upper end) recurrence does not hold."""
+EXPONENT_NOISE = 0.1
+"""Differences of Hölder-type exponents below this are noise at 64-128 tokens (docs/method.md §7.7)."""
+CLUSTER_MARGIN = 1.0
+"""A map is clustered where its statistic sits this many null spreads above a continuous cloud's."""
 ORGANIZED, ORIGINAL, RANDOM_ORDERS = "2-D organized", "original", "random"
-"""The orders of a residual table's `order` column (the temperature figure's)."""
+"""The orders of a residual table's `order` column (the theorem1 stage's)."""
+
+APPROXIMATIONS = {
+    "paraproduct": ("residual", "residual_nocross"),
+    "paraproduct_selfnorm": ("residual_selfnorm", "residual_nocross_selfnorm"),
+    "corollary1": ("corollary1_residual", "corollary1_nocross"),
+    "corollary1_selfnorm": ("corollary1_selfnorm", "corollary1_nocross_selfnorm"),
+    "corollary1_taylor": ("taylor_residual", "taylor_nocross"),
+    "corollary1_taylor_selfnorm": ("taylor_selfnorm", "taylor_nocross_selfnorm"),
+}
+"""Each approximation's claim key: the theorem1 table's column of its relative residual, and of the
+same expansion without its cross terms (docs/method.md §7.3, §7.7)."""
+UNIFORM = "uniform_residual"
 
 CLAIMS = {
     "sparsity": "the organized network is sparse in the tri-Haar basis",
     "recurrence": "the same heads do the least processing in every batch (bottom-entropy heads recur)",
     "top_recurrence": "the same heads do the most processing in every batch (top-entropy heads recur)",
-    "paraproduct": "the paraproduct of an organized head approximates its softmax (Theorem 1)",
-    "smoothness": "the paraproduct's residual lies in a smoother class than the softmax (Theorem 1, Λ^2α)",
-    "corollary1": "with A′ = A″ = 1 the paraproduct still approximates the softmax (Corollary 1)",
+    "paraproduct": "the paraproduct of an organized head approximates its softmax (Theorem 1; true row sums)",
+    "paraproduct_selfnorm": "the paraproduct, normalised by its own row sums, approximates the softmax (Theorem 1)",
+    "smoothness": "for scores f in Λ^α, 0 < α < 1/2, the paraproduct's residual lies in Λ^2α (Theorem 1, eq. 14)",
+    "corollary1": "with A′ = A″ = 1 the mixed differences and their products approximate the softmax (Corollary 1, "
+                  "eq. 18 as written; true row sums)",
+    "corollary1_selfnorm": "Corollary 1 as written, normalised by its own row sums, approximates the softmax",
+    "corollary1_taylor": "a variant, not the paper's formula: first-order Taylor about the head's mean plus "
+                         "Corollary 1's products approximates the softmax (true row sums)",
+    "corollary1_taylor_selfnorm": "the Taylor variant of Corollary 1, normalised by its own row sums, approximates "
+                                  "the softmax",
     "pruning": "low-entropy heads could be pruned",
     "pruning_bottom": "the bottom-entropy heads could be removed (Table 1's bottom fraction masked)",
     "table2": "network l1 entropy per model (Table 2), raw and scale-free",
@@ -67,6 +110,15 @@ CLAIMS = {
 }
 """Each claim's key and its wording in the table; rows are grouped in this order."""
 
+_PARA = ("“We show theoretically - and supplement with computational examples - that if one produces an intrinsic "
+         "organization of the attention head to have some regularity, the self-attention mechanism is invariant "
+         "to the softmax function.” (paper §1)")
+_COR1 = ("“then the softmax activation on a mixed α-Holder attention head can be decomposed into: A(f̃) = "
+         "[P^{j+1}P′^{j′+1}(f) − P^jP′^{j′+1}(f) − P^{j+1}P′^{j′}(f) + P^jP′^{j′}(f)] + [P^{j+1}P′^{j′}(f) − "
+         "P^jP′^{j′}(f)][P^jP′^{j′+1}(f) − P^jP′^{j′}(f)] + Δ_{N,N′}(A,f)” (Corollary 1, eq. 18)")
+_TABLE2 = ("“Of note, the l₁ entropies for TXL are consistently comparatively larger than VIT which can be "
+           "interpreted as the TXL network processing more high frequency content than VIT due to the "
+           "architectural set-up, but it is most likely related to the data being processed.” (App. B.2)")
 QUOTES = {
     "sparsity": "“one can use the network 3-tensor organization for empirical network applications such as model "
                 "pruning (by virtue of network sparsity) and network architecture comparison” (Abstract)",
@@ -74,67 +126,74 @@ QUOTES = {
                   "and perhaps more consequentially, the same attention heads do the fewest processing.” (App. B.1)",
     "top_recurrence": "“This suggests, the same attention heads do most of the processing regardless of the data "
                       "seen” (App. B.1)",
-    "paraproduct": "“We show theoretically - and supplement with computational examples - that if one produces an "
-                   "intrinsic organization of the attention head to have some regularity, the self-attention "
-                   "mechanism is invariant to the softmax function.” (paper §1)",
+    "paraproduct": _PARA, "paraproduct_selfnorm": _PARA,
     "smoothness": "“Suppose A ∈ C², f ∈ Λ^α([0,1]²), 0 < α < 1/2, then we obtain the following discrete multiscale "
                   "tensor decomposition of A(f): … Δ_{N,N′}(A,f) = A(f) − Ã(f) ∈ Λ^{2α}([0,1]²)” (Theorem 1, "
                   "eq. 14)",
-    "corollary1": "“then the softmax activation on a mixed α-Holder attention head can be decomposed into: A(f̃) = "
-                  "[P^{j+1}P′^{j′+1}(f) − P^jP′^{j′+1}(f) − P^{j+1}P′^{j′}(f) + P^jP′^{j′}(f)] + [P^{j+1}P′^{j′}(f) − "
-                  "P^jP′^{j′}(f)][P^jP′^{j′+1}(f) − P^jP′^{j′}(f)] + Δ_{N,N′}(A,f)” (Corollary 1, eq. 18)",
+    "corollary1": _COR1, "corollary1_selfnorm": _COR1, "corollary1_taylor": _COR1, "corollary1_taylor_selfnorm": _COR1,
     "pruning": "“the head with low l₁ entropy do little processing and could be discarded.” (paper §3.2)",
     "pruning_bottom": "“The latter result implies one could remove attention heads with low l₁ entropy invariant to "
                       "data from the network, potentially saving computation time.” (App. B.1, of the bottom 10 "
                       "percent)",
-    "table2": "“Of note, the l₁ entropies for TXL are consistently comparatively larger than VIT which can be "
-              "interpreted as the TXL network processing more high frequency content than VIT due to the "
-              "architectural set-up, but it is most likely related to the data being processed.” (App. B.2)",
+    "table2": _TABLE2, "table2_order": _TABLE2,
     "diffusion": "“The diffusion map on the TXL network exhibits some continuous structure, while the VIT network "
                  "is more clustered and contains some outliers.” (paper §3.2)",
 }
 """The paper's sentence each claim tests (arXiv 2506.15541), with where it stands."""
-QUOTES["table2_order"] = QUOTES["table2"]
 
+_APPROX_RULE = (f"the approximations (paraproduct, Corollary 1 as written, its Taylor variant; each with the true "
+                f"row sums and normalised by its own): per head-sample the log of the baseline's relative residual "
+                f"over the organized one, averaged over each head's samples (head = unit); against uniform "
+                f"attention (which beats any approximation that misses the rows' means: a residual below 1 proves "
+                f"nothing), the same expansion without its cross terms A″ Dx Dy (the only part that depends on the "
+                f"organization beyond first order), the original order and random orders (geometric mean over "
+                f"seeds); the margin is log 1.05 (a residual at least 5% lower); a residual beyond float64 counts "
+                f"as e^{CLIP:g} times worse; a self-normalised row whose own sum is not positive attends nowhere")
 RULES = {
-    "sparsity": (f"sparsity (organization gives network sparsity: the organized tensor must be sparser than the "
-                 f"same tensor unorganized) holds if the organized network l1/l2 is below {SPARSITY_MARGIN} x that "
-                 f"of balanced trees in the natural order and below {SPARSITY_MARGIN} x that of random trees in "
-                 f"every sample; it does not hold if its mean ratio to either baseline is >= 1; otherwise mixed. "
-                 f"A run whose Table 2 has no natural-order column is judged against random trees only, and says so"),
-    "recurrence": (f"recurrence, bottom and top (the same heads regardless of the data): holds if the mean Jaccard "
-                   f"index of the bottom (top) sets over pairs of samples is >= {RECURRENCE_HOLDS}; does not hold "
-                   f"if it is below {RECURRENCE_CHANCE_FACTOR:g} x its chance level (two random sets of the same "
-                   f"size); otherwise mixed"),
-    "paraproduct": (f"paraproduct (the approximation works, and it works because of the organization): the "
-                    f"relative residual at τ = 1 per head-sample, no pass mark; (a) it approximates: the organized "
-                    f"residual is < 1 (better than predicting zero) in more than half the head-samples; (b) "
-                    f"organizing helps: the organized residual is below the original order's and below the random "
-                    f"orders' (geometric mean over seeds) in significantly more than half the head-sample pairs, "
-                    f"each by a one-sided sign test (ties dropped) at p < {SIGN_TEST_P}. Holds if (a) and (b); does "
-                    f"not hold if not (a), or if the organized residual is below a baseline's in at most half the "
-                    f"pairs; otherwise mixed"),
-    "smoothness": (f"smoothness (the residual in Λ^2α for f in Λ^α): holds if the residual's Hölder-type exponent "
-                   f"(from the decay of its Haar coefficients across scales) exceeds the softmax's in the organized "
-                   f"order in significantly more than half the head-samples (one-sided sign test, p < "
-                   f"{SIGN_TEST_P}); does not hold if it does in at most half; otherwise mixed"),
-    "corollary1": "Corollary 1 (A′ = A″ = 1): the paraproduct's rule, on the residual of that approximation",
-    "pruning": (f"pruning (low-entropy heads could be discarded): holds if the area under the held-out metric "
-                f"curve masking lowest entropy first beats the random orders' mean by >= {PRUNING_SDS:g} sd, "
-                f"does not hold if it does not beat their mean, otherwise mixed; the bottom-fraction row applies "
-                f"the same rule to the metric with the bottom fraction of heads masked"),
-    "table2": ("Table 2 (TXL's entropies larger than ViT's): each model's rows report; across models of different "
-               "kinds the order of their raw means holds if every such pair keeps it on the scale-free measure "
-               "(network l1 entropy / l2 norm of the tensor) with disjoint sample ranges, does not hold if a pair's "
-               "order is reversed with disjoint ranges, and is mixed where ranges overlap"),
-    "diffusion": (f"diffusion map (TXL continuous, ViT clustered): a sample is clustered by layer if the "
-                  f"silhouette of its heads grouped by layer in the diffusion coordinates is positive and beats "
-                  f"{PERMUTATIONS} shuffles of the layer labels at p < {CLUSTER_P}; a clustered reading (ViT, and "
-                  f"kinds the paper has no map of) holds if most samples are clustered, does not hold if none is; "
-                  f"the continuous reading (TXL: no clustering by layer) holds if most samples are not clustered, "
-                  f"does not hold if every sample is; otherwise mixed"),
+    "verdict": (f"every row is a test with an independent unit (a head: its samples averaged first; a sample; a "
+                f"random head order; a set of heads), an effect oriented so that positive favours the claim, its 95% "
+                f"cluster-bootstrap interval, and a one-sided p-value corrected by Holm over every test of the "
+                f"table; a row holds if the corrected p < {ALPHA} and the whole interval lies above its margin, does "
+                f"not hold if the whole interval lies below its failure line (uncorrected: a 95% statement about "
+                f"that row), and is otherwise inconclusive; fewer than {MIN_UNITS} units decide nothing; "
+                f"\"{EVERY_BASELINE}\" holds if the claim holds against each of its baselines and does not hold if "
+                f"it fails against any; mde is the smallest effect the row could detect (80% power at the "
+                f"Bonferroni level of the table), inf where no effect could (too few units or null draws)"),
+    "sparsity": ("sparsity: per sample log(baseline l1/l2 / organized l1/l2) of all tri-Haar coefficients, against "
+                 "balanced trees in the natural order and random trees; margin and failure line log(1/0.95) (at "
+                 "least 5% sparser); t-test over samples"),
+    "recurrence": (f"recurrence (bottom and top): the mean Jaccard index J of the entropy head sets over pairs of "
+                   f"samples minus its chance level (two random sets of the same size); p from random "
+                   f"relabellings of each sample's heads (claims.permutations); interval from a bootstrap over samples; holds "
+                   f"if J's interval lies above {RECURRENCE_HOLDS} (\"the same heads\"), does not hold if it lies below "
+                   f"{RECURRENCE_CHANCE_FACTOR:g} x chance; beyond amplitude: the same with each sample's log entropy "
+                   f"residualised on the head's log Frobenius norm (any fixed per-head property recurs), held to "
+                   f"{RECURRENCE_CHANCE_FACTOR:g} x chance both ways"),
+    "approximations": _APPROX_RULE,
+    "smoothness": (f"Theorem 1 as stated: α of the scores f (the premise) per head in its 2-D organized order; a "
+                   f"head meets the premise if its mean α over samples is in (0, 1/2); none: premise not met; on "
+                   f"those heads, α(residual) - 2α(f) per head against -{EXPONENT_NOISE} (the exponent's noise "
+                   f"floor: the residual at least as smooth as 2α within the noise)"),
+    "pruning": ("pruning: the area under the held-out metric curve masking lowest entropy first minus the random "
+                "orders' mean, oriented by the metric, p = the rank among the random orders (Monte Carlo); the "
+                "bottom-fraction row masks exactly round(fraction x heads) lowest-entropy heads against every set "
+                "of as many heads (exact, where there are at most 10^5 sets) or random sets, p = the share of sets "
+                "at least as good; one ablation run (no split halves)"),
+    "table2": ("Table 2 (TXL's entropies larger than ViT's): each model's rows report; the order is judged between a "
+               "txl and a vit model on the scale-free measure (network l1 entropy / l2 norm of the tensor), per "
+               "sample log values, Welch's t-test and a bootstrap of each model's samples; other pairs are reported"),
+    "diffusion": (f"diffusion map (Figure 3): per sample the best k-means silhouette (k = 2-5) of the heads in "
+                  f"ψ1-ψ3 against Gaussian clouds of the same mean and covariance, as z = (statistic - null mean) / "
+                  f"null sd; clustered (ViT, and kinds the paper has no map of) holds if the samples' mean z clears "
+                  f"{CLUSTER_MARGIN:g}, continuous (TXL) if it stays below {CLUSTER_MARGIN:g}; the \"outliers\" of "
+                  f"the sentence are not tested"),
+    "replication": ("numerically robust: the verdict in each replicate analysis (an ulp, float16, a renaming of the "
+                    "items: no information) with the row's Holm multiplier; split halves: the verdict on the first "
+                    "and on the second half of the samples alone, the same multiplier; masked rule: a causal model's "
+                    "rows measured on the expansions of its scores give the verdict under the other extract.masked "
+                    "rule too"),
 }
-"""Each verdict's rule, derived from the claim's sentence (QUOTES)."""
+"""Each family of rows' rule (docs/method.md §13): what a verdict can and cannot mean."""
 RULES_TEXT = "Verdicts, computed from the numbers by these rules: " + "; ".join(RULES.values()) + "."
 
 PAPER = {
@@ -144,12 +203,8 @@ PAPER = {
     ("recurrence", "vit"): "bottom heads (2,4), (3,10), (1,11) each in 6/6 batches (Table 1)",
     ("top_recurrence", "txl"): "top heads (13,3), (1,0), (7,7) each in 6/6 batches (Table 1)",
     ("top_recurrence", "vit"): "top heads (2,5), (3,6), (2,10) each in 6/6 batches (Table 1)",
-    ("paraproduct", "txl"): "none: shown, not measured (Fig. 2)",
-    ("paraproduct", "vit"): "none: shown, not measured (Fig. 2)",
     ("smoothness", "txl"): "none: stated (Theorem 1, eq. 14), not measured",
     ("smoothness", "vit"): "none: stated (Theorem 1, eq. 14), not measured",
-    ("corollary1", "txl"): "none: stated (Corollary 1, eq. 18), not measured",
-    ("corollary1", "vit"): "none: stated (Corollary 1, eq. 18), not measured",
     ("pruning", "txl"): "none: suggested, not measured (Sec. 3.2, App. B.1)",
     ("pruning", "vit"): "none: suggested, not measured (Sec. 3.2, App. B.1)",
     ("pruning_bottom", "txl"): "none: bottom 10% heads listed (Table 1), not removed",
@@ -160,6 +215,10 @@ PAPER = {
     ("diffusion", "txl"): "“some continuous structure”, one batch (Fig. 3a)",
     ("diffusion", "vit"): "“more clustered and contains some outliers”, one batch (Fig. 3d)",
 }
+for _k in APPROXIMATIONS:
+    for _kind in ("txl", "vit"):
+        PAPER[(_k, _kind)] = ("none: shown, not measured (Fig. 2)" if _k.startswith("paraproduct")
+                              else "none: stated (Corollary 1, eq. 18), not measured")
 """The paper's number for a (claim, model kind), from its text; the paper has no hf model.
 The cross-model row's kind is "*"."""
 
@@ -175,37 +234,78 @@ def paper_number(claim: str, kind: str) -> str:
     return PAPER.get((claim, kind), "")
 
 
-def claim_key(claim_text: str) -> str:
-    """The key of CLAIMS whose wording is `claim_text`."""
-    for k, v in CLAIMS.items():
-        if v == claim_text:
-            return k
-    raise ValueError(f"claim_text: not a claim's wording: {claim_text!r}")
-
-
 @dataclass(frozen=True)
 class Claim:
-    """One row of the claims table: a claim, a model, what was measured and the verdict."""
+    """One row of the claims table: one test of a claim on a model against one baseline.
 
+    The effect is oriented so that positive favours the claim; `margin` is what its interval must
+    clear to hold and `fail_below` the line its interval must stay under to fail (docs/method.md
+    §13.1). `p` is the test's one-sided p-value and `p_adjusted` Holm's over the table; `mde` the
+    smallest detectable effect; NaN where the row has no test. `components`: the baselines a row
+    "every baseline" summarises. `masked_rule`: the extract.masked rule of the numbers (where it set
+    any masked score), `other_masked_rule` the verdict under the other rule; `numerically_robust`
+    and `split_half` the verdict's replication (`redecide`)."""
+
+    key: str
     claim: str
     model: str
-    measured: str
-    paper: str
+    baseline: str
     verdict: str
-    value: float | None = None
-    """The number the verdict is decided on (see each claim's function); None when not run."""
-    stability: str = ""
-    """Whether the verdict survives the replicate analyses (`stability_text`); "" when they were not run."""
+    measured: str
+    paper: str = ""
     quote: str = ""
-    """The paper's sentence the claim tests (QUOTES)."""
+    effect: float = float("nan")
+    ci_low: float = float("nan")
+    ci_high: float = float("nan")
+    p: float = float("nan")
+    p_adjusted: float = float("nan")
+    unit: str = ""
+    n_units: int = 0
+    mde: float = float("nan")
+    margin: float = float("nan")
+    fail_below: float = float("nan")
+    p_min: float = 0.0
+    masked_rule: str = ""
+    other_masked_rule: str = ""
+    numerically_robust: str = ""
+    split_half: str = ""
+    components: tuple = ()
+    test: Test | None = None
 
 
-def _claim(key: str, model: str, measured: str, paper: str, verdict: str, value: float | None = None) -> Claim:
-    return Claim(CLAIMS[key], model, measured, paper, verdict, value, quote=QUOTES[key])
+COLUMNS = ["claim", "model", "baseline", "verdict", "effect", "ci_low", "ci_high", "p", "p_adjusted", "unit", "n_units",
+           "mde", "margin", "measured", "paper", "masked_rule", "other_masked_rule", "numerically_robust", "split_half",
+           "quote", "key"]
+"""The columns of results/claims.csv, in order."""
 
 
-def _not_run(key: str, model: str, why: str, paper: str = "") -> Claim:
-    return _claim(key, model, f"not run: {why}", paper, NOT_RUN)
+def _rng(seed: int, *names) -> np.random.Generator:
+    """A generator that depends on the seed and the row's names only, not on the order rows are built."""
+    return np.random.default_rng([int(seed), *(zlib.crc32(str(n).encode()) for n in names)])
+
+
+def _claim(key: str, model: str, baseline: str, measured: str, paper: str = "", test: Test | None = None,
+           verdict: str = INCONCLUSIVE, fail_below: float | None = None) -> Claim:
+    c = Claim(key, CLAIMS[key], model, baseline, verdict, measured, paper, QUOTES.get(key, ""))
+    if test is None:
+        return c
+    return replace(c, test=test, effect=test.effect, ci_low=test.ci_low, ci_high=test.ci_high, p=test.p,
+                   unit=test.unit, n_units=test.n_units, margin=test.margin, p_min=test.p_min,
+                   fail_below=test.margin if fail_below is None else fail_below)
+
+
+def _not_run(key: str, model: str, why: str, paper: str = "", baseline: str = "") -> Claim:
+    return _claim(key, model, baseline, f"not run: {why}", paper, verdict=NOT_RUN)
+
+
+def _summary_row(key: str, model: str, parts: list, paper: str) -> list:
+    """The rows of one claim with several baselines, led by its "every baseline" row."""
+    tests = [c for c in parts if c.test is not None]
+    if len(tests) < 2:
+        return parts
+    head = _claim(key, model, EVERY_BASELINE, "holds only where it holds against every baseline below: "
+                  + ", ".join(c.baseline for c in tests), paper)
+    return [replace(head, components=tuple(c.baseline for c in tests))] + parts
 
 
 def chance_jaccard(n: int, k: int) -> float:
@@ -220,382 +320,570 @@ def chance_jaccard(n: int, k: int) -> float:
     return sum(comb(k, i) * comb(n - k, k - i) / total * i / (2 * k - i) for i in range(1, k + 1))
 
 
-def sign_test(wins: int, n: int) -> float:
-    """One-sided sign test: P(X >= wins) for X ~ Binomial(n, 1/2), the chance of `wins` or more of
-    `n` untied pairs going one way when neither way is favoured; 1 when there is no pair."""
-    from scipy.stats import binomtest
-
-    if n == 0:
-        return 1.0
-    if not 0 <= wins <= n:
-        raise ValueError(f"wins: expected 0..{n}, got {wins}")
-    return float(binomtest(int(wins), int(n), 0.5, alternative="greater").pvalue)
-
-
-def _g(x: float | None) -> str:
+def _g(x) -> str:
     return "not finite" if x is None or not np.isfinite(x) else f"{x:.3g}"
 
 
 def _range(x) -> str:
     x = np.asarray(x, dtype=float)
-    return f"{_g(float(np.median(x)))} (range {_g(float(x.min()))}–{_g(float(x.max()))})"
+    x = x[~np.isnan(x)]
+    if not x.size:
+        return "none"
+    return f"median {_g(float(np.median(x)))} (range {_g(float(x.min()))}–{_g(float(x.max()))})"
 
 
 # -- sparsity -------------------------------------------------------------------------------------
-def sparsity_claim(model: str, sparsity, sparsity_random, sparsity_natural=None, paper: str = "") -> Claim:
+def sparsity_rows(model: str, sparsity, random, natural=None, *, paper: str = "", n_boot: int = 2000,
+                  seed: int = 0) -> list:
     """Sparsity from the per-sample network l1/l2 under the organized trees, random trees and (None:
-    not in this run's Table 2) balanced trees in the natural order. Value: the larger mean ratio."""
+    not in this run's Table 2) balanced trees in the natural order; the sample is the unit."""
     s = np.asarray(sparsity, dtype=float)
-    ratios = {"random trees": s / np.asarray(sparsity_random, dtype=float)}
-    if sparsity_natural is not None:
-        ratios = {"natural order": s / np.asarray(sparsity_natural, dtype=float), **ratios}
-    means = {b: float(r.mean()) for b, r in ratios.items()}
-    if all(np.all(r < SPARSITY_MARGIN) for r in ratios.values()):
-        verdict = HOLDS
-    elif any(m >= 1 for m in means.values()):
-        verdict = NOT_HERE
-    else:
-        verdict = MIXED
-    parts = [f"organized / {b}: {means[b]:.3g} (range {r.min():.3g}-{r.max():.3g}; below {SPARSITY_MARGIN} in "
-             f"{int((r < SPARSITY_MARGIN).sum())}/{r.size} samples)" for b, r in ratios.items()]
-    measured = "network l1/l2 of all tri-Haar coefficients, " + "; ".join(parts)
-    if sparsity_natural is None:
-        measured += ("; against random trees only: this run's Table 2 has no natural-order column "
-                     "(network_sparsity_natural_trees)")
-    return _claim("sparsity", model, measured, paper, verdict, max(means.values()))
+    rows = []
+    for name, base in (("natural order (balanced trees)", natural), ("random trees", random)):
+        if base is None:
+            rows.append(_not_run("sparsity", model, "this run's Table 2 has no natural-order column "
+                                 "(network_sparsity_natural_trees)", paper, baseline=name))
+            continue
+        b = np.asarray(base, dtype=float)
+        e = np.log(b / s)
+        t = one_sample_test(e, SPARSITY_MARGIN, "sample", n_boot, _rng(seed, "sparsity", model, name))
+        rows.append(_claim("sparsity", model, name,
+                           f"network l1/l2 of all tri-Haar coefficients over {s.size} samples: organized / {name} "
+                           f"{_range(s / b)}, at least 5% sparser in {int((s / b < 0.95).sum())}/{s.size}; effect "
+                           f"log({name} / organized) per sample", paper, t))
+    return _summary_row("sparsity", model, rows, paper)
 
 
 # -- recurrence -----------------------------------------------------------------------------------
-def recurrence_claim(model: str, jaccard_mean: float, n_heads: int, k: int, counts, n_samples: int,
-                     paper: str = "", which: str = "bottom") -> Claim:
-    """Recurrence of the bottom (or top, `which`) entropy heads from the mean Jaccard index of their
-    sets over pairs of samples; `counts` are the most frequent heads ((layer, head), count) as in Table 1."""
+def recurrence_null(n_samples: int, n_units: int, k: int, permutations: int, seed: int) -> np.ndarray:
+    """The mean pair Jaccard index of n_samples independent uniformly random k-sets of n_units items,
+    `permutations` times: what relabelling each sample's heads at random gives (permutations,).
+    It depends on the sizes only, not on the data, so one null serves every replicate."""
+    rng = np.random.default_rng([int(seed), n_samples, n_units, k])
+    out = np.empty(permutations)
+    chunk = max(1, (1 << 24) // max(1, n_samples * n_units))
+    for start in range(0, permutations, chunk):
+        p = min(chunk, permutations - start)
+        keys = rng.random((p, n_samples, n_units))
+        member = keys <= np.partition(keys, k - 1, axis=-1)[..., k - 1:k]       # the k smallest keys
+        out[start:start + p] = mean_pair_jaccard(member)
+    return out
+
+
+def _pair_bootstrap(member: np.ndarray, n_boot: int, rng) -> np.ndarray:
+    """Mean Jaccard index over the pairs of distinct samples of each bootstrap draw of the samples
+    (a sample paired with its own copy would be perfect recurrence; docs/method.md §14.3)."""
+    m = member.astype(np.float64)
+    inter = m @ m.T
+    size = m.sum(1)
+    jac = inter / (size[:, None] + size[None, :] - inter)
+    s = member.shape[0]
+    idx = rng.integers(0, s, size=(n_boot, s))
+    j = jac[idx[:, :, None], idx[:, None, :]]
+    keep = (idx[:, :, None] != idx[:, None, :]) & np.triu(np.ones((s, s), dtype=bool), 1)[None]
+    with np.errstate(invalid="ignore"):
+        return np.where(keep, j, 0.0).sum((1, 2)) / keep.sum((1, 2))
+
+
+def _amplitude_residual(entropies: np.ndarray, amplitude: np.ndarray) -> np.ndarray:
+    """Each sample's log entropy minus its least-squares fit on the log amplitude across the heads:
+    what entropy says of a head beyond its size (samples, units)."""
+    tiny = np.finfo(float).tiny
+    y, x = np.log(np.maximum(entropies, tiny)), np.log(np.maximum(amplitude, tiny))
+    xc, yc = x - x.mean(1, keepdims=True), y - y.mean(1, keepdims=True)
+    sxx = (xc * xc).sum(1, keepdims=True)
+    slope = np.where(sxx > 0, (xc * yc).sum(1, keepdims=True) / np.where(sxx > 0, sxx, 1.0), 0.0)
+    return yc - slope * xc
+
+
+def _spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman's rank correlation of each row of a with the same row of b."""
+    from scipy.stats import rankdata
+
+    ra, rb = rankdata(a, axis=1), rankdata(b, axis=1)
+    ra, rb = ra - ra.mean(1, keepdims=True), rb - rb.mean(1, keepdims=True)
+    den = np.sqrt((ra * ra).sum(1) * (rb * rb).sum(1))
+    return np.where(den > 0, (ra * rb).sum(1) / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _recurrence_test(member: np.ndarray, null: np.ndarray, chance: float, n_boot: int, rng, margin: float) -> Test:
+    j = float(mean_pair_jaccard(member))
+    boot = _pair_bootstrap(member, n_boot, rng) - chance
+    boot = boot[np.isfinite(boot)]
+    lo, hi = (float(q) for q in np.quantile(boot, [0.025, 0.975])) if boot.size else (float("nan"),) * 2
+    levels = np.array([0.5, 0.8, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999])
+    return Test(j - chance, lo, hi, permutation_p(j, null), margin, member.shape[0], "sample",
+                p_min=1.0 / (1 + null.size), se=float(boot.std(ddof=1)) if boot.size > 1 else float("nan"),
+                null_quantiles=tuple(zip(levels.tolist(), (np.quantile(null, levels) - chance).tolist())))
+
+
+def recurrence_rows(model: str, entropies, fraction: float, which: str = "bottom", *, amplitude=None, counts=(),
+                    paper: str = "", permutations: int = 9999, n_boot: int = 2000, seed: int = 0,
+                    null: np.ndarray | None = None) -> list:
+    """Recurrence of the bottom (or top, `which`) entropy head sets across samples (Table 1's two
+    sides): against chance, and (with `amplitude`, each head's Frobenius norm per sample) beyond the
+    head's amplitude. entropies, amplitude : (samples, units). counts: Table 1's most frequent heads
+    ((layer, head), count). `null`: a `recurrence_null` of these sizes (computed when None)."""
     if which not in ("bottom", "top"):
         raise ValueError(f"which: must be 'bottom' or 'top', got {which!r}")
-    chance = chance_jaccard(n_heads, k)
-    j = float(jaccard_mean)
-    verdict = HOLDS if j >= RECURRENCE_HOLDS else NOT_HERE if j < RECURRENCE_CHANCE_FACTOR * chance else MIXED
-    heads = ", ".join(f"({la},{he}) {c}/{n_samples}" for (la, he), c in counts)
-    measured = (f"{which}-{k}-of-{n_heads} Jaccard across {n_samples} samples: {j:.3g} (chance {chance:.3g}); "
-                f"most frequent {which} heads {heads}")
-    return _claim("recurrence" if which == "bottom" else "top_recurrence", model, measured, paper, verdict, j)
+    key = "recurrence" if which == "bottom" else "top_recurrence"
+    e = np.asarray(entropies, dtype=float)
+    n_s, n_u = e.shape
+    if n_s < 2:
+        return [_not_run(key, model, f"{n_s} sample: recurrence needs two", paper)]
+    k = n_extreme(n_u, fraction)
+    chance = chance_jaccard(n_u, k)
+    if null is None:
+        null = recurrence_null(n_s, n_u, k, permutations, seed)
+    member = bottom_sets(e, fraction, which)
+    heads = ", ".join(f"({la},{he}) {c}/{n_s}" for (la, he), c in counts)
+    t = _recurrence_test(member, null, chance, n_boot, _rng(seed, key, model, "chance"), RECURRENCE_HOLDS - chance)
+    j = t.effect + chance
+    rows = [_claim(key, model, "chance (random sets of the same size)",
+                   f"{which}-{k}-of-{n_u} mean Jaccard over the pairs of {n_s} samples: {j:.3g} (chance "
+                   f"{chance:.3g}); effect J - chance" + (f"; most frequent {which} heads {heads}" if heads else ""),
+                   paper, t, fail_below=(RECURRENCE_CHANCE_FACTOR - 1) * chance)]
+    if amplitude is not None:
+        a = np.asarray(amplitude, dtype=float)
+        if a.shape != e.shape:
+            raise ValueError(f"amplitude: expected shape {e.shape} (samples, units), got {a.shape}")
+        resid = _amplitude_residual(e, a)
+        ta = _recurrence_test(bottom_sets(resid, fraction, which), null, chance, n_boot,
+                              _rng(seed, key, model, "amplitude"), (RECURRENCE_CHANCE_FACTOR - 1) * chance)
+        j_norm = float(mean_pair_jaccard(bottom_sets(a, fraction, which)))
+        rho = _spearman_rows(e, a)
+        rows.append(_claim(key, model, "the head's amplitude (entropy beyond its Frobenius norm)",
+                           f"{which} sets of each sample's log entropy residualised on the log Frobenius norm: mean "
+                           f"Jaccard {ta.effect + chance:.3g} (chance {chance:.3g}); the norm's own {which} sets "
+                           f"{j_norm:.3g}; Spearman of entropy with norm per sample {_range(rho)}; effect J - chance",
+                           paper, ta))
+    return _summary_row(key, model, rows, paper)
 
 
 # -- Theorem 1 and Corollary 1 ---------------------------------------------------------------------
-def head_sample_residuals(table: pd.DataFrame, column: str = "residual") -> pd.DataFrame:
+def head_sample_residuals(table: pd.DataFrame, column="residual") -> pd.DataFrame:
     """One row per head-sample (sample, layer, head), one column per order: the `column` of the 2-D
     organized and original orders and the geometric mean over the random orders' seeds.
 
     table : DataFrame with columns sample, layer, head, order and `column` (random orders: one row
-    per seed). A NaN residual (the paraproduct not representable in float64) counts as +inf,
-    worse than any other; an order a head-sample lacks is NaN.
+    per seed). A NaN residual (not representable in float64) counts as +inf, worse than any other;
+    an order a head-sample lacks is NaN. `column` a list of columns: one groupby for all of them,
+    the result's columns (column, order).
     """
-    missing = [c for c in ("sample", "layer", "head", "order", column) if c not in table.columns]
+    columns = [column] if isinstance(column, str) else list(column)
+    missing = [c for c in ("sample", "layer", "head", "order", *columns) if c not in table.columns]
     if missing:
         raise ValueError(f"table: missing columns {missing}, has {list(table.columns)}")
-    v = table[column].to_numpy(dtype=float)
+    v = table[columns].to_numpy(dtype=float)
     with np.errstate(divide="ignore"):
-        logs = np.log(np.where(np.isnan(v), np.inf, v))
-    t = table[["sample", "layer", "head", "order"]].assign(log=logs)
-    wide = np.exp(t.groupby(["sample", "layer", "head", "order"])["log"].mean()).unstack("order")
-    return wide
+        logs = pd.DataFrame(np.log(np.where(np.isnan(v), np.inf, v)), columns=columns, index=table.index)
+    key = [table[c] for c in ("sample", "layer", "head", "order")]
+    wide = np.exp(logs.groupby(key).mean()).unstack("order")
+    return wide[column] if isinstance(column, str) else wide
 
 
-def _wins(x: pd.Series, y: pd.Series) -> tuple[int, int, int]:
-    """How many pairs have x < y, how many tie, and how many pairs there are (both present)."""
-    both = pd.concat([x, y], axis=1).dropna()
-    a, b = both.iloc[:, 0].to_numpy(), both.iloc[:, 1].to_numpy()
-    return int((a < b).sum()), int((a == b).sum()), len(both)
+def _log_ratio(base: pd.Series, org: pd.Series) -> pd.Series:
+    """log(base / org) per head-sample, oriented for the organized approximation; both infinite is a
+    tie (0), one infinite is ±CLIP, a missing value NaN."""
+    b, o = base.to_numpy(dtype=float), org.reindex(base.index).to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.log(b) - np.log(o)
+    r = np.where(np.isinf(b) & np.isinf(o), 0.0, r)
+    return pd.Series(np.clip(r, -CLIP, CLIP), index=base.index)
 
 
-def paraproduct_claim(model: str, table: pd.DataFrame | None, crossover_text: str = "", paper: str = "",
-                      not_run: str | None = None, column: str = "residual", source: str = "",
-                      key: str = "paraproduct") -> Claim:
-    """Theorem 1's approximation from the relative residuals at tau = 1 of every head-sample.
+def _head_test(ratio: pd.Series, margin: float, n_boot: int, rng) -> tuple[Test, int, int]:
+    """The test over heads of per head-sample log ratios: (test, head-samples where positive, heads
+    whose mean is positive)."""
+    per_head = ratio.clip(-CLIP, CLIP).dropna().groupby(level=["layer", "head"]).mean()   # one head, one vote
+    return (one_sample_test(per_head.to_numpy(), margin, "head", n_boot, rng), int((ratio > 0).sum()),
+            int((per_head > 0).sum()))
 
-    table : DataFrame with columns sample, layer, head, order ("2-D organized", "original",
-    "random"), seed and `column` (`head_sample_residuals`). `not_run`: why the residuals were not
-    computed (the claim is then not run). `key`: "corollary1" judges Corollary 1's residual by the
-    same rule. Value: the organized residual's median over head-samples.
-    """
+
+def approximation_rows(model: str, table: pd.DataFrame | None, key: str = "paraproduct", *, paper: str = "",
+                       not_run: str | None = None, source: str = "", crossover_text: str = "", n_boot: int = 2000,
+                       seed: int = 0, orders: pd.DataFrame | None = None) -> list:
+    """One approximation (`APPROXIMATIONS[key]`) of every head-sample's softmax against its baselines
+    (the module docstring), the head as the unit. table : the theorem1 stage's rows (sample, layer,
+    head, order, seed and the residual columns). `not_run`: why there is no table. orders: the
+    table's `head_sample_residuals` of every residual column, where the caller has it."""
+    if key not in APPROXIMATIONS:
+        raise ValueError(f"key: expected one of {sorted(APPROXIMATIONS)}, got {key!r}")
+    column, nocross = APPROXIMATIONS[key]
     if not_run:
-        return _not_run(key, model, not_run, paper)
-    wide = head_sample_residuals(table, column)
+        return [_not_run(key, model, not_run, paper)]
+    if table is None or column not in table.columns:
+        return [_not_run(key, model, f"no {column} column in the residual table{f' ({source})' if source else ''}",
+                         paper)]
+    if orders is None:
+        orders = head_sample_residuals(table, [c for c in (column, nocross, UNIFORM) if c in table.columns])
+    wide = orders[column] if column in orders.columns.get_level_values(0) else pd.DataFrame()
     if ORGANIZED not in wide or wide[ORGANIZED].isna().all():
-        return _not_run(key, model, f"no {ORGANIZED} residuals in the table", paper)
-    o = wide[ORGANIZED].dropna()
-    n = o.size
-    below1 = int((o < 1).sum())
-    approximates = below1 > n / 2
-    parts, helps, worse = [], True, False
-    for b, name in ((ORIGINAL, "the original order"), (RANDOM_ORDERS, "the random orders")):
-        if b not in wide or wide[b].isna().all():
-            parts.append(f"no {b} order measured")
-            helps = False
+        return [_not_run(key, model, f"no {ORGANIZED} residuals in the table", paper)]
+    org = wide[ORGANIZED]
+    bases = {}
+    for name, col in (("uniform attention", UNIFORM), ("no cross terms (A″ Dx Dy dropped)", nocross)):
+        bases[name] = (orders[col][ORGANIZED] if col in orders.columns.get_level_values(0) else None, col)
+    bases["original order"] = (wide[ORIGINAL] if ORIGINAL in wide else None, ORIGINAL)
+    bases["random orders (geometric mean over seeds)"] = (wide[RANDOM_ORDERS] if RANDOM_ORDERS in wide else None,
+                                                          RANDOM_ORDERS)
+    n_heads = org.reset_index()[["layer", "head"]].drop_duplicates().shape[0]
+    lead = (f"relative residual at τ = 1 over {org.size} head-samples of {n_heads} heads"
+            f"{f' ({source})' if source else ''}: organized {_range(org)}")
+    rows = []
+    for name, (base, what) in bases.items():
+        if base is None or base.isna().all():
+            rows.append(_not_run(key, model, f"no {what} residuals in the table", paper, baseline=name))
             continue
-        wins, ties, pairs = _wins(wide[ORGANIZED], wide[b])
-        p = sign_test(wins, pairs - ties)
-        helps &= p < SIGN_TEST_P
-        worse |= wins <= pairs / 2
-        parts.append(f"below {name} in {wins}/{pairs} (sign test p = {p:.2g})")
-    verdict = NOT_HERE if not approximates or worse else HOLDS if helps else MIXED
-    what = "residual of the approximation with A′ = A″ = 1" if key == "corollary1" else "relative residual"
-    others = "; ".join(f"{label} {_range(wide[b].dropna())}" for b, label in
-                       ((ORIGINAL, "original order"), (RANDOM_ORDERS, "random orders (geometric mean over seeds)"))
-                       if b in wide and wide[b].notna().any())
-    measured = (f"{what} at τ = 1 over {n} head-samples{f' ({source})' if source else ''}: organized "
-                f"{_range(o)}, below 1 in {below1}/{n}" + (f"; {others}" if others else "") + "; organized "
-                + ", ".join(parts) + (f"; {crossover_text}" if crossover_text else ""))
-    med = float(np.median(o))
-    return _claim(key, model, measured, paper, verdict, med if np.isfinite(med) else None)
+        t, wins, heads = _head_test(_log_ratio(base, org), RESIDUAL_MARGIN, n_boot, _rng(seed, key, model, name))
+        rows.append(_claim(key, model, name,
+                           f"{lead}; {name} {_range(base)}; organized below it in {wins}/{base.notna().sum()} "
+                           f"head-samples, {heads}/{t.n_units} heads; effect log({name.split(' (')[0]} / organized) "
+                           f"per head" + (f"; {crossover_text}" if crossover_text and name.startswith("original")
+                                          else ""), paper, t))
+    return _summary_row(key, model, rows, paper)
 
 
-def corollary1_claim(model: str, table: pd.DataFrame | None, paper: str = "", not_run: str | None = None,
-                     source: str = "") -> Claim:
-    """Corollary 1 (A' = A'' = 1) by the paraproduct's rule on the table's `corollary1_residual`."""
-    return paraproduct_claim(model, table, paper=paper, not_run=not_run, column="corollary1_residual",
-                             source=source, key="corollary1")
-
-
-def smoothness_claim(model: str, table: pd.DataFrame | None, paper: str = "", not_run: str | None = None) -> Claim:
-    """Theorem 1's residual in Lambda^{2 alpha}: the Hölder-type exponents of the residual and of the
-    softmax (`alpha_residual`, `alpha_softmax`) of each head-sample in the 2-D organized order.
-    Value: the median of alpha_residual - alpha_softmax."""
+def smoothness_row(model: str, table: pd.DataFrame | None, *, paper: str = "", not_run: str | None = None,
+                   n_boot: int = 2000, seed: int = 0) -> list:
+    """Theorem 1 as stated: the share of heads meeting its premise (alpha of the scores in (0, 1/2),
+    the head's mean over its samples, organized order) and, on those, alpha(residual) - 2 alpha(f)
+    against -EXPONENT_NOISE, the head as the unit."""
+    key, base = "smoothness", "2α of the scores (Theorem 1's bound), heads meeting its premise"
     if not_run:
-        return _not_run("smoothness", model, not_run, paper)
-    missing = [c for c in ("sample", "layer", "head", "order", "alpha_softmax", "alpha_residual")
-               if c not in table.columns]
+        return [_not_run(key, model, not_run, paper, baseline=base)]
+    need = ("sample", "layer", "head", "order", "alpha_scores", "alpha_residual")
+    missing = [c for c in need if c not in table.columns]
     if missing:
-        raise ValueError(f"table: missing columns {missing}, has {list(table.columns)}")
-    org = (table[table["order"] == ORGANIZED].groupby(["sample", "layer", "head"])[["alpha_softmax", "alpha_residual"]]
-           .mean().dropna())
-    if org.empty:
-        return _not_run("smoothness", model, f"no finite exponents of the {ORGANIZED} order", paper)
-    d = (org["alpha_residual"] - org["alpha_softmax"]).to_numpy()
-    n, wins, ties = d.size, int((d > 0).sum()), int((d == 0).sum())
-    p = sign_test(wins, n - ties)
-    verdict = HOLDS if p < SIGN_TEST_P else NOT_HERE if wins <= n / 2 else MIXED
-    measured = (f"Hölder-type exponents from the decay of the Haar coefficients across scales, {ORGANIZED} order, "
-                f"over {n} head-samples: softmax {_range(org['alpha_softmax'])}, residual "
-                f"{_range(org['alpha_residual'])}; the residual's above the softmax's in {wins}/{n} "
-                f"(sign test p = {p:.2g})")
-    return _claim("smoothness", model, measured, paper, verdict, float(np.median(d)))
+        return [_not_run(key, model, f"the theorem1 table has no {', '.join(missing)}", paper, baseline=base)]
+    org = table[table["order"] == ORGANIZED]
+    per_head = org.groupby(["layer", "head"])["alpha_scores"].mean().dropna()
+    if per_head.empty:
+        return [_not_run(key, model, f"no finite exponent of the scores in the {ORGANIZED} order", paper,
+                         baseline=base)]
+    meets = per_head[(per_head > 0) & (per_head < 0.5)]
+    share = f"α of the scores f per head {_range(per_head)}; in (0, 1/2) for {meets.size}/{per_head.size} heads"
+    extra = ""
+    if "alpha_softmax" in org:
+        d = (org["alpha_residual"] - org["alpha_softmax"]).dropna()
+        extra = (f"; for comparison (not the theorem's statement) the residual's exponent above the softmax's in "
+                 f"{int((d > 0).sum())}/{d.size} head-samples")
+    if meets.empty:
+        return [_claim(key, model, base, share + " (the premise is met by none)" + extra, paper,
+                       verdict=PREMISE_NOT_MET)]
+    on = org.set_index(["layer", "head"]).loc[meets.index].reset_index()
+    on = on.assign(d=on["alpha_residual"] - 2.0 * on["alpha_scores"])
+    per = unit_values(on, ["layer", "head"], "d")
+    t = one_sample_test(per.to_numpy(), -EXPONENT_NOISE, "head", n_boot, _rng(seed, key, model))
+    return [_claim(key, model, base, f"{share}; on those, α(residual) - 2α(f) per head {_range(per)}; effect its "
+                   f"mean, margin -{EXPONENT_NOISE}" + extra, paper, t)]
 
 
 # -- pruning --------------------------------------------------------------------------------------
-def _against_random(low: float, mean: float, sd: float | None, higher_is_better: bool) -> tuple[str, float, float]:
-    """The verdict of `low` against the random orders' mean and sd, its gain and its z (sign only without spread)."""
-    gain = (1.0 if higher_is_better else -1.0) * (float(low) - float(mean))
-    sd = float(sd) if sd is not None and np.isfinite(sd) else 0.0
-    if sd > 0:
-        z = gain / sd
-    else:  # one random order, or identical ones: only the sign of the gain is known
-        z = float(np.sign(gain)) * float("inf") if gain else 0.0
-    return HOLDS if z >= PRUNING_SDS else NOT_HERE if gain <= 0 else MIXED, z, sd
+def _oriented(v, higher_is_better: bool, log_metric: bool) -> np.ndarray:
+    x = np.asarray(v, dtype=float)
+    if log_metric:
+        x = np.log(x)
+    return x if higher_is_better else -x
 
 
-def pruning_claim(model: str, auc_low: float | None, auc_random: float | None, auc_random_sd: float | None,
-                  higher_is_better: bool = True, metric: str = "held-out metric", paper: str = "",
-                  not_run: str = "prune.enabled: false") -> Claim:
-    """Pruning from Table 3's areas; None for `auc_low` means the prune stage was not run, for the
-    reason `not_run`. Value: the gain over the random orders' mean area in their sd."""
+def pruning_row(model: str, auc_low: float | None, auc_random=None, *, higher_is_better: bool = True,
+                metric: str = "held-out metric", others: dict | None = None, paper: str = "",
+                not_run: str = "prune.enabled: false", n_boot: int = 2000, seed: int = 0) -> list:
+    """Pruning: the area under the held-out metric curve masking lowest entropy first against the
+    random orders' areas (one per order: the null's draws). others: the other rankings' areas,
+    reported. None for `auc_low`: the prune stage did not run, for `not_run`."""
     if auc_low is None or auc_random is None:
-        return _claim("pruning", model, f"prune stage not run ({not_run})", paper, NOT_RUN)
-    verdict, z, sd = _against_random(auc_low, auc_random, auc_random_sd, higher_is_better)
+        return [_claim("pruning", model, "random head orders", f"prune stage not run ({not_run})", paper,
+                       verdict=NOT_RUN)]
+    sign = 1.0 if higher_is_better else -1.0
+    r = np.asarray(auc_random, dtype=float)
+    t = exact_or_mc_test(sign * float(auc_low), sign * r, 0.0, "random head order", False, n_boot,
+                         _rng(seed, "pruning", model))
+    rest = "; ".join(f"{k} {float(v):.4g}" for k, v in (others or {}).items())
     measured = (f"area under the {metric} curve masking lowest Haar entropy first {float(auc_low):.4g} vs. "
-                f"random orders {float(auc_random):.4g} ± {sd:.2g} ({'higher' if higher_is_better else 'lower'} "
-                f"is better; {z:+.3g} sd)")
-    return _claim("pruning", model, measured, paper, verdict, float(z))
+                f"{r.size} random orders {r.mean():.4g} ± {r.std(ddof=1) if r.size > 1 else 0.0:.2g} "
+                f"({'higher' if higher_is_better else 'lower'} is better; effect oriented so)"
+                + (f"; beside it: {rest}" if rest else ""))
+    return [_claim("pruning", model, "random head orders", measured, paper, t)]
 
 
-def pruning_bottom_claim(model: str, low: float | None, random=None, k: int = 0, n_units: int = 0,
-                         higher_is_better: bool = True, metric: str = "held-out metric", paper: str = "",
-                         not_run: str = "prune.enabled: false", note: str = "") -> Claim:
-    """The held-out metric with the k lowest-entropy heads of `n_units` masked (`low`) against the
-    random orders masking k (`random`, one value per order); None: prune not run, for `not_run`.
-    Value: the gain over the random orders' mean in their sd."""
-    if low is None or random is None:
-        return _claim("pruning_bottom", model, f"prune stage not run ({not_run})", paper, NOT_RUN)
-    r = np.asarray(random, dtype=float)
-    sd = float(r.std(ddof=1)) if r.size > 1 else None
-    verdict, z, sd = _against_random(low, float(r.mean()), sd, higher_is_better)
-    measured = (f"{metric} with the {k} of {n_units} lowest-entropy heads masked{note} {float(low):.4g} vs. "
-                f"{r.size} random orders {float(r.mean()):.4g} ± {sd:.2g} "
-                f"({'higher' if higher_is_better else 'lower'} is better; {z:+.3g} sd)")
-    return _claim("pruning_bottom", model, measured, paper, verdict, float(z))
+def pruning_bottom_row(model: str, bottom: pd.DataFrame | None, *, paper: str = "",
+                       not_run: str = "prune.enabled: false", haar: str = "Haar entropy, lowest first",
+                       n_boot: int = 2000, seed: int = 0) -> list:
+    """The held-out metric with exactly k = round(fraction x heads) lowest-entropy heads masked
+    against every set of k heads (exact) or random ones (the prune stage's bottom table: columns
+    set, index, heads, value, k, n_units, null, n_null, n_sets_total, metric, higher_is_better,
+    log_metric); the other rankings' bottom-k sets are reported with their own p-values."""
+    base = "every set of as many heads"
+    if bottom is None:
+        return [_claim("pruning_bottom", model, base, f"prune stage not run ({not_run})", paper, verdict=NOT_RUN)]
+    first = bottom.iloc[0]
+    higher, logm = bool(first["higher_is_better"]), bool(first["log_metric"])
+    exact = str(first["null"]) == "exact"
+    null = _oriented(bottom.loc[bottom["set"] == "null", "value"], higher, logm)
+    sets = bottom[bottom["set"] != "null"].set_index("set")["value"]
+    if haar not in sets.index:
+        raise ValueError(f"bottom: no row of the ranking {haar!r} (has {sorted(sets.index)})")
+    low = float(_oriented([sets[haar]], higher, logm)[0])
+    k, n_units = int(first["k"]), int(first["n_units"])
+    unit = f"set of {k} heads ({'every one' if exact else 'random'})"
+    base = "every set of as many heads" if exact else f"{null.size} random sets of as many heads"
+    t = exact_or_mc_test(low, null, 0.0, unit, exact, n_boot, _rng(seed, "pruning_bottom", model))
+    beside = "; ".join(f"{name} p = {permutation_p(float(_oriented([v], higher, logm)[0]), null, exact):.2g}"
+                       for name, v in sets.items() if name != haar)
+    measured = (f"{first['metric']} with the {k} of {n_units} lowest-entropy heads masked {float(sets[haar]):.4g} vs. "
+                f"{null.size} {'' if exact else 'random '}sets of {k} heads (of {int(first['n_sets_total'])}) "
+                f"{_range(bottom.loc[bottom['set'] == 'null', 'value'])}; "
+                f"{'higher' if higher else 'lower'} is better{', compared in log' if logm else ''}; p = the share of "
+                f"sets at least as good" + (f"; the other rankings' {k} first heads: {beside}" if beside else ""))
+    return [_claim("pruning_bottom", model, base, measured, paper, t)]
 
 
 # -- Table 2 --------------------------------------------------------------------------------------
-def table2_claim(model: str, raw, scale_free=None, paper: str = "") -> Claim:
+def table2_row(model: str, raw, scale_free=None, paper: str = "") -> list:
     """One model's network l1 entropies over its samples, raw and scale-free (None: the column is
-    not in this run's Table 2). Value: the scale-free mean."""
+    not in this run's Table 2): reported, no verdict."""
     raw = np.asarray(raw, dtype=float)
     text = f"network l1 entropy over {raw.size} samples: raw {raw.min():.4g}–{raw.max():.4g} (mean {raw.mean():.4g})"
     if scale_free is None:
-        return _claim("table2", model, text + "; not run: scale-free measure: this run's Table 2 has no "
-                      "network_entropy_scale_free column", paper, NOT_RUN)
+        return [_claim("table2", model, "", text + "; not run: scale-free measure: this run's Table 2 has no "
+                       "network_entropy_scale_free column", paper, verdict=NOT_RUN)]
     sf = np.asarray(scale_free, dtype=float)
     text += f"; scale-free (/ l2 norm of the tensor) {sf.min():.4g}–{sf.max():.4g} (mean {sf.mean():.4g})"
-    return _claim("table2", model, text, paper, REPORTED, float(sf.mean()))
+    return [_claim("table2", model, "", text, paper, verdict=REPORTED)]
 
 
-def table2_order_claim(models: dict, paper: str = "") -> Claim | None:
-    """Whether the order of the models' raw mean network l1 entropies survives the scale-free
-    measure. models: name -> (kind, raw, scale_free or None), per-sample arrays. Only pairs of
-    models of different kinds are compared; None when every model has the same kind.
-    Value: the fraction of such pairs that keep their order with disjoint ranges."""
+def table2_order_rows(models: dict, paper: str = "", *, n_boot: int = 2000, seed: int = 0) -> list:
+    """The paper's Table 2 order, TXL's scale-free network entropy above ViT's: one test per pair of
+    a txl and a vit model (log scale-free values per sample; the sample is the unit). models: name
+    -> (kind, raw, scale_free or None), per-sample arrays. Every other pair of models of different
+    kinds is reported in one row. [] when every model has the same kind."""
     if len({kind for kind, _, _ in models.values()}) < 2:
-        return None
-    by_raw = sorted(models, key=lambda n: -float(np.mean(models[n][1])))
-    label = " > ".join(by_raw) + " (raw mean)"
-    lacking = [n for n, (_, _, sf) in models.items() if sf is None]
-    if lacking:
-        return _not_run("table2_order", label, f"Table 2 of {', '.join(lacking)} has no network_entropy_scale_free "
-                        "column", paper)
-    same = reversed_ = overlap = 0
-    words = []
-    for i, a in enumerate(by_raw):
-        for b in by_raw[i + 1:]:
-            if models[a][0] == models[b][0]:
+        return []
+    key = "table2_order"
+    txl = [n for n, (k, _, _) in models.items() if k == "txl"]
+    vit = [n for n, (k, _, _) in models.items() if k == "vit"]
+    rows = []
+    for a in txl:
+        for b in vit:
+            label = f"{a} vs {b}"
+            sa, sb = models[a][2], models[b][2]
+            if sa is None or sb is None:
+                rows.append(_not_run(key, label, "a Table 2 has no network_entropy_scale_free column", paper))
                 continue
-            sa, sb = (np.asarray(models[n][2], dtype=float) for n in (a, b))
-            if sa.min() > sb.max():
-                same += 1
-                words.append(f"{a} > {b} kept")
-            elif sa.max() < sb.min():
-                reversed_ += 1
-                words.append(f"{a} > {b} reversed")
-            else:
-                overlap += 1
-                words.append(f"{a}, {b} overlap")
-    n = same + reversed_ + overlap
-    verdict = NOT_HERE if reversed_ else HOLDS if same == n else MIXED
-    measured = (f"raw means order {', '.join(by_raw)}; on the scale-free measure (sample ranges): "
-                + "; ".join(words))
-    return _claim("table2_order", label, measured, paper, verdict, same / n)
+            t = two_sample_test(np.log(np.asarray(sa, dtype=float)), np.log(np.asarray(sb, dtype=float)), 0.0,
+                                "sample", n_boot, _rng(seed, key, label))
+            rows.append(_claim(key, label, f"{b} (the paper's lower)",
+                               f"raw means {np.mean(models[a][1]):.4g} vs {np.mean(models[b][1]):.4g}; scale-free "
+                               f"{a} {_range(sa)}, {b} {_range(sb)}; effect mean log scale-free {a} - {b}", paper, t))
+    if not rows:
+        rows.append(_not_run(key, " vs ".join(models), "the paper's order is between a txl and a vit model; this run "
+                             "has not both", paper))
+    others = [(a, b) for i, a in enumerate(models) for b in list(models)[i + 1:]
+              if models[a][0] != models[b][0] and {models[a][0], models[b][0]} != {"txl", "vit"}]
+    if others:
+        words = []
+        for a, b in others:
+            sa, sb = models[a][2], models[b][2]
+            if sa is None or sb is None:
+                continue
+            words.append(f"{a} {np.mean(sa):.3g} vs {b} {np.mean(sb):.3g}")
+        rows.append(_claim(key, "other pairs", "", "scale-free means (pairs the paper does not compare): "
+                           + ("; ".join(words) or "none with the scale-free column"), paper, verdict=REPORTED))
+    return rows
 
 
 # -- diffusion map --------------------------------------------------------------------------------
-def silhouette(distances, labels) -> np.ndarray:
-    """Mean silhouette of one or several labellings of the same items (Rousseeuw 1987).
-
-    distances : array of shape (n, n), symmetric, zero diagonal. labels : int array of shape
-    (n,) or (..., n). With a(i) the mean distance of i to the other members of its group and
-    b(i) the smallest mean distance of i to another group, s(i) = (b - a) / max(a, b), 0 for a
-    group of one (and where a = b = 0); the result is the mean over i, shape (...). NaN where a
-    labelling has fewer than 2 groups or no group of two or more.
-    """
-    d = np.asarray(distances, dtype=float)
-    lab = np.asarray(labels)
-    if d.ndim != 2 or d.shape[0] != d.shape[1] or lab.shape[-1] != d.shape[0]:
-        raise ValueError(f"distances, labels: expected (n, n) and (..., n), got {d.shape} and {lab.shape}")
-    _, inv = np.unique(lab, return_inverse=True)
-    inv = inv.reshape(lab.shape)
-    k = int(inv.max()) + 1
-    onehot = (inv[..., None] == np.arange(k)).astype(float)               # (..., n, k)
-    sums = d @ onehot                                                       # (..., n, k)
-    size = onehot.sum(-2)                                                   # (..., k)
-    own_size = np.take_along_axis(size, inv, -1)                            # (..., n)
-    own_sum = np.take_along_axis(sums, inv[..., None], -1)[..., 0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = own_sum / (own_size - 1)
-        other = np.where(onehot.astype(bool) | (size[..., None, :] == 0), np.inf, sums / size[..., None, :])
-        b = other.min(-1)
-        s = np.where((own_size > 1) & (np.maximum(a, b) > 0), (b - a) / np.maximum(a, b), 0.0)
-    groups = (size > 0).sum(-1)
-    ok = (groups >= 2) & (size > 1).any(-1)
-    return np.where(ok, s.mean(-1), np.nan)
-
-
-def layer_silhouette_test(coords, layers, n_permutations: int = PERMUTATIONS, rng=None) -> tuple[float, float]:
-    """The silhouette of items grouped by `layers` in `coords` (n, d) and its permutation p-value:
-    the share of `n_permutations` shuffles of the labels (and the observed labelling) whose
-    silhouette is at least the observed one. (NaN, NaN) where the silhouette is undefined."""
-    x = np.asarray(coords, dtype=float)
-    layers = np.asarray(layers)
-    if x.ndim != 2 or layers.shape != (x.shape[0],):
-        raise ValueError(f"coords, layers: expected (n, d) and (n,), got {x.shape} and {layers.shape}")
-    rng = np.random.default_rng(rng)
-    d = np.sqrt(np.maximum(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1), 0.0))
-    obs = float(silhouette(d, layers))
-    if not np.isfinite(obs):
-        return float("nan"), float("nan")
-    perms = rng.permuted(np.broadcast_to(layers, (n_permutations, layers.size)), axis=1)
-    null = silhouette(d, perms)
-    return obs, float((1 + np.sum(null >= obs - 1e-12)) / (1 + n_permutations))
-
-
-def diffusion_claim(model: str, kind: str, silhouettes, pvalues, paper: str = "", not_run: str | None = None) -> Claim:
-    """Figure 3's structure from each sample's layer silhouette and its permutation p-value: the
-    kind's reading (DIFFUSION_READING) judged by the share of samples clustered by layer. Value:
-    the median silhouette."""
-    if not_run:
-        return _not_run("diffusion", model, not_run, paper)
-    s, p = np.asarray(silhouettes, dtype=float), np.asarray(pvalues, dtype=float)
-    keep = np.isfinite(s) & np.isfinite(p)
-    if not keep.any():
-        return _not_run("diffusion", model, "silhouette undefined (fewer than two layers of heads)", paper)
-    s, p = s[keep], p[keep]
-    n, clustered = s.size, int(((p < CLUSTER_P) & (s > 0)).sum())
+def diffusion_row(model: str, kind: str, tests: list, *, paper: str = "", not_run: str | None = None,
+                  n_boot: int = 2000, seed: int = 0) -> list:
+    """Figure 3's structure from each sample's `clustering.ClusterTest` of its heads' diffusion
+    coordinates against a Gaussian cloud (the sample is the unit), read as the paper reads the kind
+    (DIFFUSION_READING)."""
     reading = DIFFUSION_READING.get(kind, "clustered")
-    agree = clustered if reading == "clustered" else n - clustered
-    verdict = HOLDS if agree > n / 2 else NOT_HERE if agree == 0 else MIXED
-    measured = (f"silhouette of the heads grouped by layer in the diffusion coordinates ψ1-ψ3: median "
-                f"{_g(np.median(s))} (range {_g(s.min())}–{_g(s.max())}) over {n} samples, permutation p (vs. "
-                f"{PERMUTATIONS} shuffles of the layer labels) median {np.median(p):.2g}; clustered by layer "
-                f"(silhouette > 0, p < {CLUSTER_P}) in {clustered}/{n} samples; reading tested: {reading}"
+    base = "a continuous (Gaussian) cloud of the same spread"
+    if not_run:
+        return [_not_run("diffusion", model, not_run, paper, baseline=base)]
+    z = np.array([t.z for t in tests], dtype=float)
+    p = np.array([t.p for t in tests], dtype=float)
+    keep = np.isfinite(z)
+    if not keep.any():
+        return [_not_run("diffusion", model, "clustering statistic undefined (fewer than three heads)", paper,
+                         baseline=base)]
+    sign, margin = (1.0, CLUSTER_MARGIN) if reading == "clustered" else (-1.0, -CLUSTER_MARGIN)
+    t = one_sample_test(sign * z[keep], margin, "sample", n_boot, _rng(seed, "diffusion", model))
+    draws = tests[0].null.size if tests else 0
+    measured = (f"best k-means silhouette (k = 2-5) of the heads in ψ1-ψ3 against {draws} Gaussian clouds per sample: "
+                f"z {_range(z[keep])} over {int(keep.sum())} samples, more clustered than the cloud (p < 0.05) in "
+                f"{int((p[keep] < 0.05).sum())}/{int(keep.sum())}; reading tested: {reading}; effect "
+                f"{'mean z' if sign > 0 else '-mean z'}"
                 + ("" if ("diffusion", kind) in PAPER else " (the paper has no map of this kind)"))
-    return _claim("diffusion", model, measured, paper, verdict, float(np.median(s)))
+    return [_claim("diffusion", model, base, measured, paper, t)]
 
 
-# -- the tables -----------------------------------------------------------------------------------
-def stability_text(verdict: str, replicate_verdicts) -> str:
-    """Whether `verdict` holds in every replicate analysis (docs/method.md §14.4): "stable in R/R
-    replicates", or "flips in k/R replicates" with what it flips to."""
-    reps = list(replicate_verdicts)
+# -- verdicts -------------------------------------------------------------------------------------
+def decide(c: Claim, p_adjusted: float) -> str:
+    """A test row's verdict from its interval and corrected p-value (RULES["verdict"])."""
+    if c.verdict in (NOT_RUN, REPORTED, PREMISE_NOT_MET) or c.test is None:
+        return c.verdict
+    if not (np.isfinite(c.effect) and np.isfinite(c.ci_low) and np.isfinite(c.ci_high)):
+        return INCONCLUSIVE
+    if not c.test.null_quantiles and c.n_units < MIN_UNITS:
+        return INCONCLUSIVE
+    if p_adjusted < ALPHA and c.ci_low > c.margin:
+        return HOLDS
+    if c.ci_high < c.fail_below:
+        return NOT_HERE
+    return INCONCLUSIVE
+
+
+def _combine(verdicts) -> str:
+    v = list(verdicts)
+    if not v:
+        return NOT_RUN
+    if any(x == NOT_HERE for x in v):
+        return NOT_HERE
+    if all(x == HOLDS for x in v):
+        return HOLDS
+    return INCONCLUSIVE
+
+
+def _summaries(claims: list) -> list:
+    """Each "every baseline" row from its components: the verdict, the least favourable effect with
+    its interval, and the largest corrected p-value (an intersection-union test)."""
+    out = []
+    for i, c in enumerate(claims):
+        if not c.components:
+            out.append(c)
+            continue
+        parts = [d for d in claims if d.key == c.key and d.model == c.model and d.baseline in c.components]
+        worst = min(parts, key=lambda d: d.effect if np.isfinite(d.effect) else -np.inf)
+        out.append(replace(c, verdict=_combine(d.verdict for d in parts), effect=worst.effect, ci_low=worst.ci_low,
+                           ci_high=worst.ci_high, p_adjusted=max(d.p_adjusted for d in parts),
+                           unit=worst.unit, n_units=worst.n_units, margin=worst.margin))
+    return out
+
+
+def finalize(claims: list) -> tuple[list, dict]:
+    """Holm's correction over every test of the table, each row's smallest detectable effect and
+    verdict, then the "every baseline" rows. Returns the claims and each test row's Holm multiplier
+    by (key, model, baseline), for `redecide`."""
+    p = np.array([c.p if c.test is not None else np.nan for c in claims], dtype=float)
+    adj, mult = holm(p), holm_multipliers(p)
+    m = int(np.isfinite(p).sum())
+    out, multipliers = [], {}
+    for c, a, k in zip(claims, adj, mult):
+        if c.test is not None:
+            c = replace(c, p_adjusted=float(a), mde=with_mde(c.test, m).mde)
+            c = replace(c, verdict=decide(c, float(a)))
+            multipliers[(c.key, c.model, c.baseline)] = float(k)
+        out.append(c)
+    return _summaries(out), multipliers
+
+
+def redecide(claims: list, multipliers: dict) -> dict:
+    """The verdict of every row of `claims` (rebuilt on other data: a replicate, half the samples,
+    the other masked rule) with the p-value multiplied by the full table's Holm multiplier of the
+    same row, by (key, model, baseline)."""
+    out = {}
+    decided = []
+    for c in claims:
+        if c.test is not None:
+            k = multipliers.get((c.key, c.model, c.baseline), float("nan"))
+            a = min(1.0, c.p * k) if np.isfinite(k) and np.isfinite(c.p) else float("nan")
+            c = replace(c, p_adjusted=a, verdict=decide(c, a))
+        decided.append(c)
+    for c in _summaries(decided):
+        out[(c.key, c.model, c.baseline)] = c.verdict
+    return out
+
+
+def verdict_text(verdict: str, others, what: str) -> str:
+    """Whether `verdict` is also the verdict in each of `others` (verdicts of replicates or halves):
+    "same in R/R {what}" or "flips in k/R {what} (to ...)"; "" without any."""
+    reps = [v for v in others if v]
     if not reps:
         return ""
     flips = [v for v in reps if v != verdict]
     if not flips:
-        return f"stable in {len(reps)}/{len(reps)} replicates"
+        return f"same in {len(reps)}/{len(reps)} {what}"
     to = ", ".join(f"{v} in {flips.count(v)}" for v in dict.fromkeys(flips))
-    return f"flips in {len(flips)}/{len(reps)} replicates ({to})"
+    return f"flips in {len(flips)}/{len(reps)} {what} ({to})"
 
 
-def _verdict_cell(c: Claim) -> str:
-    return f"**{c.verdict}**" + (f" ({c.stability})" if c.stability else "")
-
-
+# -- the tables -----------------------------------------------------------------------------------
 def claims_records(claims) -> list[dict]:
-    return [asdict(c) for c in claims]
+    """The rows of results/claims.csv (COLUMNS)."""
+    return [{k: asdict(c)[k] if k != "test" else None for k in COLUMNS} for c in claims]
+
+
+def _effect_cell(c: Claim) -> str:
+    if not np.isfinite(c.effect):
+        return "—"
+    ci = f" [{_g(c.ci_low)}, {_g(c.ci_high)}]" if np.isfinite(c.ci_low) else ""
+    return f"{_g(c.effect)}{ci}"
+
+
+def _p_cell(c: Claim) -> str:
+    return "—" if not np.isfinite(c.p_adjusted) else f"{c.p_adjusted:.2g}"
+
+
+def _replication_cell(c: Claim) -> str:
+    parts = [p for p in (c.other_masked_rule, c.split_half, c.numerically_robust) if p]
+    return "; ".join(parts)
 
 
 def claims_markdown(claims) -> str:
-    """The claims table in Markdown, each claim beside the paper's sentence, its note stating the rules."""
+    """The claims in Markdown: one section per claim (its sentence, the paper's number), a table of
+    its tests (model, baseline, verdict, effect [95% interval], Holm-corrected p, unit, mde, what was
+    measured, replication), then the rules."""
     def cell(s):
         return str(s).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| claim | model | the paper says | measured here | paper's number | verdict |",
-             "|:--|:--|:--|:--|:--|:--|"]
-    lines += [f"| {cell(c.claim)} | {cell(c.model)} | {cell(c.quote) or '—'} | {cell(c.measured)} | "
-              f"{cell(c.paper) or '—'} | {cell(_verdict_cell(c))} |" for c in claims]
-    return ("\n".join(lines) + "\n\nVerdicts, computed from the numbers by these rules:\n\n"
-            + "\n".join(f"- {r}." for r in RULES.values()) + "\n")
+    lines = []
+    for key, wording in CLAIMS.items():
+        mine = [c for c in claims if c.key == key]
+        if not mine:
+            continue
+        lines += [f"### {wording}", "", f"> {QUOTES.get(key, '')}", ""]
+        lines += ["| model | baseline | verdict | effect [95% CI] | p (Holm) | unit (n) | mde | measured | "
+                  "replication | paper's number |", "|:--|:--|:--|:--|:--|:--|:--|:--|:--|:--|"]
+        lines += [f"| {cell(c.model)} | {cell(c.baseline) or '—'} | **{cell(c.verdict)}** | {_effect_cell(c)} | "
+                  f"{_p_cell(c)} | {cell(c.unit) or '—'}{f' ({c.n_units})' if c.n_units else ''} | {_g(c.mde) if np.isfinite(c.mde) or np.isinf(c.mde) else '—'} | "
+                  f"{cell(c.measured)} | {cell(_replication_cell(c)) or '—'} | {cell(c.paper) or '—'} |" for c in mine]
+        lines.append("")
+    return "\n".join(lines) + "\nVerdicts, computed from the numbers by these rules:\n\n" + "\n".join(
+        f"- {r}." for r in RULES.values()) + "\n"
 
 
 def claims_rst(claims) -> str:
-    """The claims table as a reStructuredText list-table (the report's opening page)."""
+    """The claims table as a reStructuredText list-table (the report's opening page): one row per
+    test, the claim's wording in the first row of its group (〃 below it)."""
     def cell(s):
         s = str(s) or "—"
         for ch in "\\*`|_":
             s = s.replace(ch, "\\" + ch)
         return s
 
-    out = [".. list-table::", "   :header-rows: 1", "", "   * - claim", "     - model", "     - the paper says",
-           "     - measured here", "     - paper's number", "     - verdict"]
+    out = [".. list-table::", "   :header-rows: 1", "", "   * - claim", "     - model", "     - baseline",
+           "     - verdict", "     - effect [95% CI]", "     - p (Holm)", "     - unit (n)", "     - measured",
+           "     - replication"]
+    seen = set()
     for c in claims:
-        out += [f"   * - {cell(c.claim)}", f"     - {cell(c.model)}", f"     - {cell(c.quote)}",
-                f"     - {cell(c.measured)}", f"     - {cell(c.paper)}", f"     - **{cell(c.verdict)}**"
-                + (f" ({cell(c.stability)})" if c.stability else "")]
+        first = c.key not in seen
+        seen.add(c.key)
+        out += [f"   * - {cell(c.claim) if first else '〃'}", f"     - {cell(c.model)}",
+                f"     - {cell(c.baseline)}", f"     - **{cell(c.verdict)}**", f"     - {cell(_effect_cell(c))}",
+                f"     - {cell(_p_cell(c))}", f"     - {cell(c.unit)}{f' ({c.n_units})' if c.n_units else ''}",
+                f"     - {cell(c.measured)}", f"     - {cell(_replication_cell(c))}"]
     return "\n".join(out) + "\n\nVerdicts, computed from the numbers by these rules:\n\n" + "\n".join(
         f"- {cell(r)}." for r in RULES.values()) + "\n"
+
+
+def cluster_tests_of(coords_by_sample, draws: int, seed: int, model: str) -> list[ClusterTest]:
+    """`clustering.cluster_test` of each sample's diffusion coordinates (units, components), each
+    with its own generator from (seed, model, sample index)."""
+    from .clustering import cluster_test
+
+    return [cluster_test(np.asarray(x, dtype=float), draws, _rng(seed, "diffusion", model, i))
+            for i, x in enumerate(coords_by_sample)]

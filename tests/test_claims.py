@@ -1,6 +1,6 @@
-"""The claims table: each verdict derived by its stated rule from the numbers, flipping where the
-numbers cross the rule, and a summary stage whose numbers are recomputed here from the stores and
-tables it read."""
+"""The claims table: baselines that can win, Theorem 1 as stated, one head one vote, nulls that fit
+each sentence, verdicts from intervals and Holm-corrected p-values, and a summary stage whose
+numbers are recomputed here from the stores and tables it read."""
 import itertools
 import json
 
@@ -10,537 +10,443 @@ import pytest
 import xarray as xr
 
 from oattn_lib import claims, store
-from oattn_lib.claims import HOLDS, MIXED, NOT_HERE, NOT_RUN, REPORTED
-from oattn_lib.entropy import jaccard_stability
+from oattn_lib.claims import EVERY_BASELINE, HOLDS, INCONCLUSIVE, NOT_HERE, NOT_RUN, PREMISE_NOT_MET, REPORTED
+from oattn_lib.clustering import cluster_test
 from oattn_lib.stability import REFERENCE
-from oattn_lib.stages.summary import (
-    LOWEST_FIRST,
-    NO_THEOREM1,
-    RANDOM,
-    bottom_fraction_point,
-    replicate_verdicts,
-    residual_table,
-    summary,
-)
+from oattn_lib.stages.summary import LOWEST_FIRST, NO_THEOREM1, RANDOM, residual_table, summary
 
 ORG, ORIG, RND = claims.ORGANIZED, claims.ORIGINAL, claims.RANDOM_ORDERS
+FAST = {"n_boot": 300, "seed": 0}
 
 
-def residuals(org, orig, rnd, column="residual", **extra):
-    """A residual table, one head-sample per entry of `org` (sample i, layer 0, head 0); `rnd` is a
-    list per head-sample of the random seeds' residuals."""
+def decided(rows):
+    """The rows after Holm's correction, by baseline."""
+    final, _ = claims.finalize(rows)
+    return {c.baseline: c for c in final}
+
+
+def theorem1_table(n_samples, n_heads, org, orig=None, rnd=None, uniform=None, nocross=None, rng=None, **columns):
+    """A theorem1 table: every (sample, head) of layer 0 in the three kinds of order; each argument a
+    function (sample, head) -> value or a constant, for the organized row (orig, rnd: the residual
+    in those orders)."""
+    def val(f, s, h):
+        return f(s, h) if callable(f) else f
+
     rows = []
-    for i, (o, a, rs) in enumerate(zip(org, orig, rnd)):
-        rows += [{"sample": i, "layer": 0, "head": 0, "order": ORG, "seed": -1, column: o,
-                  **{k: v[i] for k, v in extra.items()}},
-                 {"sample": i, "layer": 0, "head": 0, "order": ORIG, "seed": -1, column: a}]
-        rows += [{"sample": i, "layer": 0, "head": 0, "order": RND, "seed": s, column: r} for s, r in enumerate(rs)]
+    for s, h in itertools.product(range(n_samples), range(n_heads)):
+        base = {"sample": s, "layer": 0, "head": h}
+        o = {"residual": val(org, s, h), **({} if uniform is None else {"uniform_residual": val(uniform, s, h)}),
+             **({} if nocross is None else {"residual_nocross": val(nocross, s, h)}),
+             **{k: val(v, s, h) for k, v in columns.items()}}
+        rows.append({**base, "order": ORG, "seed": -1, **o})
+        if orig is not None:
+            rows.append({**base, "order": ORIG, "seed": -1, "residual": val(orig, s, h)})
+        if rnd is not None:
+            rows += [{**base, "order": RND, "seed": k, "residual": val(rnd, s, h)} for k in range(2)]
     return pd.DataFrame(rows)
 
 
-# -- chance level -------------------------------------------------------------------------------
-@pytest.mark.parametrize("n, k", [(6, 2), (7, 3), (5, 5), (8, 1)])
+# -- chance, nulls ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("n, k", [(6, 1), (8, 3), (12, 4), (10, 10)])
 def test_chance_jaccard_is_the_mean_over_all_pairs_of_sets(n, k):
-    sets = [set(s) for s in itertools.combinations(range(n), k)]
+    sets = [set(c) for c in itertools.combinations(range(n), k)]
     brute = np.mean([len(a & b) / len(a | b) for a in sets for b in sets])
     assert claims.chance_jaccard(n, k) == pytest.approx(brute)
 
 
-def test_top_sets_of_unrelated_samples_sit_at_the_chance_level_and_do_not_recur():
-    # 300 samples of independent entropies over 20 heads: their top-3 sets overlap by chance only
-    flat = np.random.default_rng(0).random((300, 20))
-    jac = jaccard_stability(flat, 0.15, "top")
-    mean = jac[~np.eye(300, dtype=bool)].mean()
-    chance = claims.chance_jaccard(20, 3)
-    assert mean == pytest.approx(chance, rel=0.05)
-    c = claims.recurrence_claim("m", mean, 20, 3, [], 300, which="top")
-    assert c.verdict == NOT_HERE and c.claim == claims.CLAIMS["top_recurrence"] and "top-3-of-20" in c.measured
+def test_the_recurrence_null_sits_at_chance_and_depends_on_the_sizes_only():
+    null = claims.recurrence_null(5, 30, 3, 4000, 0)
+    assert null.mean() == pytest.approx(claims.chance_jaccard(30, 3), abs=0.005)
+    assert np.array_equal(null, claims.recurrence_null(5, 30, 3, 4000, 0))
 
 
-# -- sparsity against both baselines -------------------------------------------------------------
-@pytest.mark.parametrize("to_random, to_natural, verdict", [
-    ([0.94, 0.5], [0.9, 0.8], HOLDS), ([0.96, 0.5], [0.9, 0.8], MIXED), ([1.0, 1.0], [0.5, 0.5], NOT_HERE),
-    ([0.5, 0.5], [0.94, 0.94], HOLDS), ([0.5, 0.5], [0.96, 0.9], MIXED), ([0.5, 0.5], [1.1, 0.95], NOT_HERE),
-])
-def test_sparsity_holds_only_below_both_baselines(to_random, to_natural, verdict):
-    org = np.full(2, 3.0)
-    c = claims.sparsity_claim("m", org, org / to_random, org / np.asarray(to_natural))
-    assert c.verdict == verdict
-    assert c.value == pytest.approx(max(np.mean(to_random), np.mean(to_natural)))
-    assert "natural order" in c.measured and "random trees" in c.measured
-
-
-def test_sparsity_that_holds_against_random_trees_but_not_the_natural_order():
-    org, rnd, nat = np.array([1.0, 1.1, 0.9]), np.array([2.0, 2.1, 2.2]), np.array([0.95, 1.0, 0.9])
-    assert claims.sparsity_claim("m", org, rnd).verdict == HOLDS          # random trees only
-    c = claims.sparsity_claim("m", org, rnd, nat)
-    assert c.verdict == NOT_HERE and c.value == pytest.approx(np.mean(org / nat))
-    only = claims.sparsity_claim("m", org, rnd).measured
-    assert "against random trees only" in only and "network_sparsity_natural_trees" in only
-
-
-def test_recurrence_verdict():
-    chance = claims.chance_jaccard(16, 2)
-    args = dict(n_heads=16, k=2, counts=[((0, 1), 3)], n_samples=3)
-    assert claims.recurrence_claim("m", 0.5, **args).verdict == HOLDS
-    assert claims.recurrence_claim("m", 0.49, **args).verdict == MIXED
-    assert claims.recurrence_claim("m", 2 * chance, **args).verdict == MIXED
-    assert claims.recurrence_claim("m", 2 * chance - 1e-9, **args).verdict == NOT_HERE
-    assert "(0,1) 3/3" in claims.recurrence_claim("m", 0.5, **args).measured
-
-
-# -- Theorem 1: the residual's size, and whether organizing helps, pair by pair ---------------------
-def test_residuals_above_one_everywhere_do_not_hold_however_they_rank():
-    """txl-tiny's case: organized 4.41 below original 5.07 and random 7.69 at every head-sample,
-    yet every residual is worse than predicting zero."""
-    n = 8
-    c = claims.paraproduct_claim("txl-tiny", residuals([4.41] * n, [5.07] * n, [[7.69] * 3] * n))
-    assert c.verdict == NOT_HERE and c.value == pytest.approx(4.41)
-    assert "below 1 in 0/8" in c.measured and "below the original order in 8/8" in c.measured
-    # the same ranking with every residual below 1 holds
-    ok = claims.paraproduct_claim("m", residuals([0.441] * n, [0.507] * n, [[0.769] * 3] * n))
-    assert ok.verdict == HOLDS
-
-
-@pytest.mark.parametrize("org, orig, verdict", [
-    ([0.5] * 6, 0.9, HOLDS),                          # below 1 and below both baselines in 6/6 (p = 1/64)
-    ([0.5] * 5 + [0.95], 0.9, MIXED),                 # below the original in 5/6 only: p = 0.11
-    ([0.5] * 3 + [0.95] * 3, 0.9, NOT_HERE),          # below the original in at most half the pairs
-    ([0.5] * 4 + [1.0] * 2, 1.5, HOLDS),              # below 1 in 4/6, and below both baselines everywhere
-    ([0.5] * 3 + [1.0] * 3, 1.5, NOT_HERE),           # ... but residual >= 1 in half the head-samples
-    ([0.5] * 5 + [float("nan")], 0.9, MIXED),         # not representable: worse than any baseline
-])
-def test_paraproduct_verdict_flips_where_the_pairs_cross_the_rule(org, orig, verdict):
-    c = claims.paraproduct_claim("m", residuals(org, [orig] * 6, [[2.0, 3.0]] * 6))
-    assert c.verdict == verdict
-
-
-def test_a_few_heads_far_below_do_not_make_a_geometric_mean_win():
-    # the organized geometric mean (0.071) is below the original's (0.2), but it wins 3 pairs of 6
-    org, orig = [0.01] * 3 + [0.5] * 3, [0.1] * 3 + [0.4] * 3
-    assert np.exp(np.log(org).mean()) < np.exp(np.log(orig).mean())
-    assert claims.paraproduct_claim("m", residuals(org, orig, [[0.9]] * 6)).verdict == NOT_HERE
-
-
-def test_random_orders_are_averaged_per_head_sample_geometrically():
-    # seeds 0.01 and 1.0: geometric mean 0.1 (organized 0.2 is above it), arithmetic 0.505 (below)
-    table = residuals([0.2] * 6, [0.9] * 6, [[0.01, 1.0]] * 6)
-    wide = claims.head_sample_residuals(table)
-    np.testing.assert_allclose(wide[RND], 0.1)
-    assert claims.paraproduct_claim("m", table).verdict == NOT_HERE
-    assert claims.paraproduct_claim("m", residuals([0.05] * 6, [0.9] * 6, [[0.01, 1.0]] * 6)).verdict == HOLDS
-
-
-def test_paraproduct_not_run_says_why():
-    c = claims.paraproduct_claim("m", None, not_run="no scores")
-    assert c.verdict == NOT_RUN and "no scores" in c.measured and c.quote == claims.QUOTES["paraproduct"]
-
-
-@pytest.mark.parametrize("above, verdict", [(6, HOLDS), (5, MIXED), (3, NOT_HERE), (0, NOT_HERE)])
-def test_smoothness_counts_the_organized_head_samples_whose_residual_is_smoother(above, verdict):
-    soft = np.full(6, 0.3)
-    res = np.where(np.arange(6) < above, 0.6, 0.2)
-    table = residuals([0.5] * 6, [0.9] * 6, [[2.0]] * 6, alpha_softmax=soft, alpha_residual=res)
-    # the other orders' exponents go the other way and must not count
-    table.loc[table["order"] != ORG, "alpha_softmax"] = 1.0
-    table.loc[table["order"] != ORG, "alpha_residual"] = 0.0
-    c = claims.smoothness_claim("m", table)
-    assert c.verdict == verdict and c.value == pytest.approx(np.median(res - soft))
-    assert claims.smoothness_claim("m", None, not_run=NO_THEOREM1).verdict == NOT_RUN
-
-
-def test_corollary1_is_judged_on_its_own_residual():
-    table = residuals([0.5] * 6, [0.9] * 6, [[2.0]] * 6)
-    table["corollary1_residual"] = residuals([1.5] * 6, [1.9] * 6, [[3.0]] * 6)["residual"]
-    assert claims.paraproduct_claim("m", table).verdict == HOLDS
-    c = claims.corollary1_claim("m", table)
-    assert c.verdict == NOT_HERE and c.claim == claims.CLAIMS["corollary1"] and c.value == pytest.approx(1.5)
-    assert "A′ = A″ = 1" in c.measured
-
-
-# -- pruning ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("low, higher, verdict", [
-    (0.71, True, HOLDS), (0.69, True, MIXED), (0.50, True, NOT_HERE), (0.45, True, NOT_HERE),
-    (0.29, False, HOLDS), (0.45, False, MIXED), (0.70, False, NOT_HERE),
-])
-def test_pruning_verdict_is_oriented_by_the_metric(low, higher, verdict):
-    c = claims.pruning_claim("m", low, 0.5, 0.1, higher)
-    assert c.verdict == verdict
-    assert c.value == pytest.approx((low - 0.5) / 0.1 * (1 if higher else -1))
-
-
-def test_pruning_not_run_and_single_random_order():
-    assert claims.pruning_claim("m", None, None, None).verdict == NOT_RUN
-    assert claims.pruning_claim("m", 0.6, 0.5, float("nan")).verdict == HOLDS  # no spread: sign only
-    assert claims.pruning_claim("m", 0.4, 0.5, 0.0).verdict == NOT_HERE
-
-
-@pytest.mark.parametrize("low, higher, verdict", [(0.9, True, HOLDS), (0.75, True, MIXED), (0.69, True, NOT_HERE),
-                                                  (0.49, False, HOLDS), (0.9, False, NOT_HERE)])
-def test_pruning_at_the_bottom_fraction_against_random_orders(low, higher, verdict):
-    rnd = [0.6, 0.7, 0.8]  # mean 0.7, sd 0.1
-    c = claims.pruning_bottom_claim("m", low, rnd, 3, 24, higher)
-    assert c.verdict == verdict and c.value == pytest.approx((low - 0.7) / 0.1 * (1 if higher else -1))
-    assert "3 of 24 lowest-entropy heads masked" in c.measured
-    assert claims.pruning_bottom_claim("m", None, None, not_run="why").verdict == NOT_RUN
-
-
-def test_bottom_fraction_point_reads_the_curves_at_table1s_set_size(tmp_path):
-    ks = [0, 1, 2, 3, 5, 12]  # 25% of 12 heads is 3
-    rows = [{"ranking": LOWEST_FIRST, "order": 0, "k": k, "fraction": k / 12, "perplexity": 10.0 + k} for k in ks]
-    rows += [{"ranking": RANDOM, "order": j, "k": k, "fraction": k / 12, "perplexity": 20.0 + k + j}
-             for j in range(3) for k in ks]
-    rows += [{"ranking": "gradient", "order": 0, "k": k, "fraction": k / 12, "perplexity": 0.0} for k in ks]
-    pd.DataFrame(rows).to_csv(tmp_path / "curves.csv", index=False)
-    got = bottom_fraction_point(tmp_path / "curves.csv", "perplexity", True, 0.25)
-    assert (got["k"], got["n_units"], got["note"]) == (3, 12, "")
-    assert got["low"] == pytest.approx(np.log(13.0))
-    np.testing.assert_allclose(got["random"], np.log([23.0, 24.0, 25.0]))
-    got = bottom_fraction_point(tmp_path / "curves.csv", "perplexity", False, 0.3)  # 4 heads: not on the grid
-    assert got["k"] == 3 and "4 heads" in got["note"] and got["low"] == pytest.approx(13.0)
-
-
-# -- Table 2 on a scale-free measure ----------------------------------------------------------------
-def test_table2_order_survives_reverses_or_overlaps():
-    txl = ("txl", [1200.0, 2476.0], [0.5, 0.6])
-    vit = ("vit", [2.47, 9.77], [0.1, 0.2])
-    assert claims.table2_order_claim({"t": txl, "v": vit}).verdict == HOLDS
-    reversed_ = claims.table2_order_claim({"t": txl, "v": ("vit", vit[1], [0.7, 0.8])})
-    assert reversed_.verdict == NOT_HERE and reversed_.value == 0.0 and reversed_.model.startswith("t > v")
-    assert claims.table2_order_claim({"t": txl, "v": ("vit", vit[1], [0.55, 0.9])}).verdict == MIXED
-    assert claims.table2_order_claim({"t": txl, "t2": ("txl", [1.0], [9.0])}) is None  # one kind: no comparison
-    missing = claims.table2_order_claim({"t": txl, "v": ("vit", vit[1], None)})
-    assert missing.verdict == NOT_RUN and "v has no network_entropy_scale_free" in missing.measured
-    row = claims.table2_claim("t", *txl[1:])
-    assert row.verdict == REPORTED and "1200–2476" in row.measured and "0.5–0.6" in row.measured
-    assert claims.table2_claim("t", txl[1]).verdict == NOT_RUN
-
-
-# -- the diffusion map ------------------------------------------------------------------------------
-def test_silhouette_is_sklearns_for_any_labelling_and_undefined_for_one_group():
-    from sklearn.metrics import silhouette_score
+# -- sparsity ------------------------------------------------------------------------------------------
+def test_sparsity_holds_only_where_the_organized_tensor_is_sparser_than_both_baselines():
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(30, 3))
-    d = np.sqrt(((x[:, None] - x[None]) ** 2).sum(-1))
-    labels = np.stack([rng.integers(0, 4, 30) for _ in range(5)] + [np.r_[np.zeros(29, int), 1]])  # one singleton
-    np.testing.assert_allclose(claims.silhouette(d, labels), [silhouette_score(x, lab) for lab in labels])
-    assert claims.silhouette(d, labels[0] * 7 + 5) == pytest.approx(claims.silhouette(d, labels[0]))
-    assert np.isnan(claims.silhouette(d, np.zeros(30, int)))
+    org = rng.uniform(0.5, 0.6, 10)
+    rows = decided(claims.sparsity_rows("m", org, org / 0.8, org / 0.8, **FAST))
+    assert rows[EVERY_BASELINE].verdict == HOLDS and rows["random trees"].effect == pytest.approx(-np.log(0.8))
+    # as sparse as the natural order (within 1%): that baseline, and so the claim, does not hold
+    rows = decided(claims.sparsity_rows("m", org, org / 0.8, org * rng.uniform(0.99, 1.01, 10), **FAST))
+    assert rows["natural order (balanced trees)"].verdict == NOT_HERE and rows[EVERY_BASELINE].verdict == NOT_HERE
+    assert rows["random trees"].verdict == HOLDS
+    # 3% sparser is below the 5% margin: never holds, however consistent
+    rows = decided(claims.sparsity_rows("m", org, org / 0.97, None, **FAST))
+    assert rows["random trees"].verdict == NOT_HERE and rows["natural order (balanced trees)"].verdict == NOT_RUN
 
 
-def test_layer_silhouette_finds_planted_clusters_and_not_random_points():
+# -- recurrence ----------------------------------------------------------------------------------------
+def test_recurrence_against_chance_and_beyond_the_heads_amplitude():
     rng = np.random.default_rng(1)
-    layers = np.repeat(np.arange(4), 8)
-    planted = rng.normal(size=(32, 3)) * 0.1 + np.eye(4, 3)[layers] * 3.0
-    s, p = claims.layer_silhouette_test(planted, layers, rng=0)
-    assert s > 0.8 and p == pytest.approx(1 / 201)  # no shuffle comes close
-    # the same heads listed in another order, their layers with them: the same silhouette
-    perm = rng.permutation(32)
-    assert claims.layer_silhouette_test(planted[perm], layers[perm], rng=0)[0] == pytest.approx(s)
-    noise = rng.normal(size=(32, 3))
-    s0, p0 = claims.layer_silhouette_test(noise, layers, rng=0)
-    assert abs(s0) < 0.2 and p0 > 0.05
-    assert claims.layer_silhouette_test(noise, layers, rng=0) == (s0, p0)  # seeded: the same shuffles
-    assert np.isnan(claims.layer_silhouette_test(noise, np.zeros(32, int), rng=0)[1])  # one layer
+    amp = np.tile(np.linspace(1.0, 10.0, 100), (8, 1)) * rng.uniform(0.99, 1.01, (8, 100))
+    # entropy a function of amplitude alone: its low heads recur, but nothing beyond amplitude
+    ent = 3.0 * amp * rng.uniform(0.999, 1.001, amp.shape)
+    rows = decided(claims.recurrence_rows("m", ent, 0.1, amplitude=amp, permutations=999, **FAST))
+    assert rows["chance (random sets of the same size)"].verdict == HOLDS
+    assert rows["the head's amplitude (entropy beyond its Frobenius norm)"].verdict == NOT_HERE
+    assert rows[EVERY_BASELINE].verdict == NOT_HERE
+    # entropy that also marks 10 heads low whatever their amplitude: beyond amplitude too
+    ent2 = ent.copy()
+    ent2[:, 40:50] /= 50.0
+    rows = decided(claims.recurrence_rows("m", ent2, 0.1, amplitude=amp, permutations=999, **FAST))
+    assert rows[EVERY_BASELINE].verdict == HOLDS
+    # unrelated samples: at chance, does not hold
+    rows = decided(claims.recurrence_rows("m", rng.random((8, 100)), 0.1, permutations=999, **FAST))
+    c = rows["chance (random sets of the same size)"]
+    assert c.verdict == NOT_HERE and c.p > 0.05 and abs(c.effect) < 0.03
 
 
-@pytest.mark.parametrize("pvalues, vit, txl", [
-    ([0.01, 0.01, 0.5], HOLDS, MIXED), ([0.01, 0.5, 0.5], MIXED, HOLDS), ([0.5, 0.5, 0.5], NOT_HERE, HOLDS),
-    ([0.01, 0.01, 0.01], HOLDS, NOT_HERE),
-])
-def test_diffusion_reading_depends_on_the_kind_the_paper_describes(pvalues, vit, txl):
-    s = [0.3, 0.2, 0.1]
-    assert claims.diffusion_claim("v", "vit", s, pvalues).verdict == vit
-    assert claims.diffusion_claim("t", "txl", s, pvalues).verdict == txl
-    assert claims.diffusion_claim("h", "hf", s, pvalues).verdict == vit  # read as clustered
-    assert claims.diffusion_claim("v", "vit", [np.nan], [np.nan]).verdict == NOT_RUN
+def test_recurrence_effect_is_the_mean_pair_jaccard_minus_chance():
+    e = np.random.default_rng(2).random((5, 20))
+    c = claims.recurrence_rows("m", e, 0.2, "top", permutations=99, **FAST)[0]
+    sets = [set(np.argsort(-s, kind="stable")[:4]) for s in e]
+    jac = np.mean([len(a & b) / len(a | b) for a, b in itertools.combinations(sets, 2)])
+    assert c.effect == pytest.approx(jac - claims.chance_jaccard(20, 4)) and c.key == "top_recurrence"
+    assert claims.recurrence_rows("m", e[:1], 0.2)[0].verdict == NOT_RUN
 
 
-def test_a_negative_silhouette_that_beats_the_shuffles_is_not_a_cluster():
-    # heads nearer other layers than their own, though less so than under shuffled labels
-    assert claims.diffusion_claim("v", "vit", [-0.03, -0.02, 0.01], [0.005] * 3).verdict == MIXED
-    assert claims.diffusion_claim("v", "vit", [-0.03, -0.02, -0.01], [0.005] * 3).verdict == NOT_HERE
-    assert claims.diffusion_claim("t", "txl", [-0.03, -0.02, -0.01], [0.005] * 3).verdict == HOLDS
+# -- the approximations -----------------------------------------------------------------------------------
+def test_a_paraproduct_that_uniform_attention_beats_does_not_hold_however_it_ranks():
+    rng = np.random.default_rng(3)
+    # organized below the original and random orders everywhere, but above uniform attention
+    t = theorem1_table(4, 16, lambda s, h: 0.95 + 0.02 * rng.random(), orig=2.0, rnd=3.0, uniform=0.6, nocross=1.5)
+    rows = decided(claims.approximation_rows("m", t, "paraproduct", **FAST))
+    assert rows["uniform attention"].verdict == NOT_HERE and rows["uniform attention"].effect < 0
+    assert rows["original order"].verdict == HOLDS and rows[EVERY_BASELINE].verdict == NOT_HERE
+    # below uniform by more than 5% everywhere: holds
+    t = theorem1_table(4, 16, lambda s, h: 0.3 + 0.02 * rng.random(), orig=2.0, rnd=3.0, uniform=0.6, nocross=1.5)
+    assert decided(claims.approximation_rows("m", t, "paraproduct", **FAST))[EVERY_BASELINE].verdict == HOLDS
 
 
-# -- the tables ------------------------------------------------------------------------------------
-def test_summary_reads_the_prune_stages_names():
-    from oattn_lib import ablation
-    assert (LOWEST_FIRST, RANDOM) == (ablation.HAAR_LOW, ablation.RANDOM)
+def test_cross_terms_that_change_nothing_leave_the_claim_undecided_or_failed():
+    t = theorem1_table(4, 16, 0.3, orig=2.0, rnd=3.0, uniform=0.6, nocross=lambda s, h: 0.3 * (1 + 0.001 * h))
+    rows = decided(claims.approximation_rows("m", t, "paraproduct", **FAST))
+    assert rows["no cross terms (A″ Dx Dy dropped)"].verdict == NOT_HERE
+    assert rows[EVERY_BASELINE].verdict == NOT_HERE
 
 
-def test_claims_rst_is_one_table_with_a_row_per_claim():
+def test_one_head_on_48_samples_decides_nothing():
+    t = theorem1_table(48, 1, 0.1, orig=2.0, rnd=3.0, uniform=0.9, nocross=0.5)
+    rows = decided(claims.approximation_rows("m", t, "paraproduct", **FAST))
+    for name in ("uniform attention", "original order"):
+        assert rows[name].n_units == 1 and not rows[name].p < 0.05 and rows[name].verdict == INCONCLUSIVE
+
+
+def test_an_undefined_or_unrepresentable_residual_counts_as_far_worse():
+    t = theorem1_table(3, 10, np.inf, orig=2.0, rnd=3.0, uniform=0.6, nocross=np.inf)
+    rows = decided(claims.approximation_rows("m", t, "paraproduct", **FAST))
+    assert rows["original order"].effect == -claims.CLIP and rows["original order"].verdict == NOT_HERE
+    assert rows["no cross terms (A″ Dx Dy dropped)"].effect == 0.0        # both undefined: a tie
+
+
+def test_each_approximation_reads_its_own_columns_and_says_when_they_are_missing():
+    t = theorem1_table(3, 8, 0.3, orig=0.9, rnd=0.9, uniform=0.9, nocross=0.9,
+                       corollary1_residual=2.0, corollary1_nocross=3.0)
+    t.loc[t["order"] != ORG, "corollary1_residual"] = 4.0
+    cor = decided(claims.approximation_rows("m", t, "corollary1", **FAST))
+    assert cor["uniform attention"].verdict == NOT_HERE          # 2.0 against uniform's 0.9
+    assert cor["original order"].effect == pytest.approx(np.log(2.0))
+    taylor = claims.approximation_rows("m", t, "corollary1_taylor", **FAST)
+    assert [c.verdict for c in taylor] == [NOT_RUN] and "taylor_residual" in taylor[0].measured
+    assert claims.approximation_rows("m", None, "paraproduct", not_run="no scores")[0].verdict == NOT_RUN
+
+
+# -- Theorem 1 as stated ------------------------------------------------------------------------------
+def test_theorem1_reads_premise_not_met_where_no_head_meets_it():
+    t = theorem1_table(3, 8, 0.3, alpha_scores=-0.8, alpha_residual=0.9, alpha_softmax=-0.5)
+    row = decided(claims.smoothness_row("m", t, **FAST))
+    (c,) = row.values()
+    assert c.verdict == PREMISE_NOT_MET and "0/8 heads" in c.measured
+
+
+def test_theorem1_on_the_heads_that_meet_its_premise_compares_with_twice_their_exponent():
+    rng = np.random.default_rng(4)
+    # 12 of 16 heads meet the premise (alpha 0.3); their residual at 0.62 +- 0.02: at least 2 alpha
+    def a(s, h):
+        return 0.3 if h < 12 else 0.8
+
+    t = theorem1_table(3, 16, 0.3, alpha_scores=a, alpha_residual=lambda s, h: 0.62 + 0.02 * rng.standard_normal(),
+                       alpha_softmax=0.2)
+    (c,) = decided(claims.smoothness_row("m", t, **FAST)).values()
+    assert c.verdict == HOLDS and c.n_units == 12 and "12/16 heads" in c.measured
+    # the residual no smoother than the scores (0.3 against 2 x 0.3): the bound fails
+    t = theorem1_table(3, 16, 0.3, alpha_scores=a, alpha_residual=lambda s, h: 0.3 + 0.02 * rng.standard_normal(),
+                       alpha_softmax=0.2)
+    (c,) = decided(claims.smoothness_row("m", t, **FAST)).values()
+    assert c.verdict == NOT_HERE and c.effect == pytest.approx(-0.3, abs=0.02)
+    assert claims.smoothness_row("m", t.drop(columns="alpha_scores"))[0].verdict == NOT_RUN
+
+
+# -- pruning ---------------------------------------------------------------------------------------------
+def bottom_table(haar, null, k=27, n_units=270, exact=False, higher=True, log_metric=False, others=()):
+    rows = [{"set": LOWEST_FIRST, "index": 0, "heads": "", "value": haar}]
+    rows += [{"set": name, "index": 0, "heads": "", "value": v} for name, v in others]
+    rows += [{"set": "null", "index": i, "heads": "", "value": v} for i, v in enumerate(null)]
+    return pd.DataFrame(rows).assign(k=k, n_units=n_units, null="exact" if exact else "random", n_null=len(null),
+                                     n_sets_total=int(__import__("math").comb(n_units, k)), metric="accuracy",
+                                     higher_is_better=higher, log_metric=log_metric)
+
+
+def test_the_bottom_row_masks_exactly_round_tenth_of_the_heads_and_ranks_among_every_set():
+    from oattn_lib.entropy import n_extreme
+    assert n_extreme(270, 0.1) == 27
+    rng = np.random.default_rng(5)
+    (c,) = claims.pruning_bottom_row("m", bottom_table(0.9, rng.uniform(0.5, 0.8, 199)), **FAST)
+    assert "27 of 270" in c.measured and c.p == pytest.approx(1 / 200) and c.unit.startswith("set of 27")
+    # exact: the Haar set is one of the 120 sets of 2 of 16 heads; second best of them
+    null = np.r_[np.linspace(0.1, 0.8, 118), 0.85, 0.9]
+    (c,) = claims.pruning_bottom_row("m", bottom_table(0.85, null, k=2, n_units=16, exact=True,
+                                                       others=[("confidence (Voita et al.), lowest first", 0.9)]),
+                                     **FAST)
+    assert c.p == pytest.approx(2 / 120) and c.ci_low == c.ci_high == c.effect and "p = 0.0083" in c.measured
+    # lower is better (perplexity, in log): the best set is the lowest
+    (c,) = claims.pruning_bottom_row("m", bottom_table(10.0, np.full(50, 20.0), higher=False, log_metric=True),
+                                     **FAST)
+    assert c.effect == pytest.approx(np.log(2.0)) and "compared in log" in c.measured
+
+
+def test_pruning_with_few_random_orders_cannot_hold_at_any_effect():
+    rows, _ = claims.finalize(claims.pruning_row("m", 0.99, [0.5, 0.51, 0.52], **FAST))
+    assert rows[0].verdict == INCONCLUSIVE and rows[0].p == 0.25 and np.isinf(rows[0].mde)
+    assert claims.pruning_row("m", None, None)[0].verdict == NOT_RUN
+
+
+# -- Table 2 ---------------------------------------------------------------------------------------------
+def test_table2_order_is_judged_between_txl_and_vit_only():
+    txl = ("txl", [1200.0, 2400.0] * 3, np.linspace(0.9, 1.0, 6))
+    vit = ("vit", [2.0, 9.0] * 3, np.linspace(0.5, 0.6, 6))
+    big = ("hf", [1e6] * 6, np.full(6, 50.0))
+    rows = claims.table2_order_rows({"t": txl, "v": vit, "llm": big}, **FAST)
+    final = {c.model: c for c in claims.finalize(rows)[0]}
+    assert final["t vs v"].verdict == HOLDS and final["other pairs"].verdict == REPORTED
+    assert "llm" in final["other pairs"].measured and "llm" not in final["t vs v"].model
+    # reversed on the scale-free measure: does not hold, whatever the raw numbers
+    rows = claims.table2_order_rows({"t": txl, "v": ("vit", vit[1], np.linspace(1.5, 1.6, 6)), "llm": big}, **FAST)
+    assert {c.model: c for c in claims.finalize(rows)[0]}["t vs v"].verdict == NOT_HERE
+    # no txl-vit pair: not run
+    rows = claims.table2_order_rows({"t": txl, "llm": big}, **FAST)
+    assert rows[0].verdict == NOT_RUN and claims.table2_order_rows({"a": txl, "b": txl}) == []
+
+
+# -- diffusion -------------------------------------------------------------------------------------------
+def blobs(rng, n=24):
+    centres = np.array([[0, 0, 0], [4, 0, 0], [0, 4, 0]], dtype=float)
+    return np.concatenate([rng.normal(c, 0.2, (n // 3, 3)) for c in centres])
+
+
+def test_diffusion_reads_clusters_against_a_continuous_cloud_without_labels():
+    rng = np.random.default_rng(6)
+    clustered = [cluster_test(blobs(rng), 39, i) for i in range(6)]
+    cloud = [cluster_test(rng.normal(size=(24, 3)) * [3, 1, 0.5], 39, i) for i in range(6)]
+    assert decided(claims.diffusion_row("v", "vit", clustered, **FAST)).popitem()[1].verdict == HOLDS
+    assert decided(claims.diffusion_row("v", "vit", cloud, **FAST)).popitem()[1].verdict != HOLDS
+    assert decided(claims.diffusion_row("t", "txl", clustered, **FAST)).popitem()[1].verdict == NOT_HERE
+    assert "layer" not in claims.diffusion_row("t", "txl", cloud, **FAST)[0].measured
+
+
+# -- verdicts, tables ------------------------------------------------------------------------------------
+def test_holm_spans_the_whole_table_and_a_summary_row_takes_the_largest_adjusted_p():
+    org = np.random.default_rng(7).uniform(0.5, 0.6, 6)
+    rows = claims.sparsity_rows("m", org, org / 0.8, org / 0.9, **FAST)
+    alone, _ = claims.finalize(rows)
+    crowded, mult = claims.finalize(rows + claims.sparsity_rows("n", org, org / 0.8, org / 0.9, **FAST))
+    a = {c.baseline: c for c in alone}
+    b = {(c.model, c.baseline): c for c in crowded}
+    assert b[("m", "random trees")].p_adjusted > a["random trees"].p_adjusted
+    assert b[("m", EVERY_BASELINE)].p_adjusted == max(b[("m", "random trees")].p_adjusted,
+                                                      b[("m", "natural order (balanced trees)")].p_adjusted)
+    assert sorted(mult.values()) == [1, 2, 3, 4]
+    # redecide with the table's multipliers: the same rows, the same verdicts
+    again = claims.redecide(rows, mult)
+    assert again[("sparsity", "m", "random trees")] == b[("m", "random trees")].verdict
+
+
+def test_claims_rst_is_one_table_with_a_row_per_test():
     from docutils.core import publish_doctree
-    rows = [claims.sparsity_claim("a_b", [1.0], [2.0]), claims.pruning_claim("a*b", None, None, None)]
+    org = np.full(6, 0.5) * np.linspace(1, 1.01, 6)
+    rows, _ = claims.finalize(claims.sparsity_rows("a_b", org, org / 0.8, None, **FAST)
+                              + claims.pruning_row("a*b", None, None))
     tree = publish_doctree(claims.claims_rst(rows))
     tables = [n for n in tree.findall() if n.tagname == "table"]
     assert len(tables) == 1
-    body_rows = [n for n in tables[0].findall() if n.tagname == "row"]
-    assert len(body_rows) == 3
+    assert len([n for n in tables[0].findall() if n.tagname == "row"]) == len(rows) + 1
     text = tables[0].astext()
     assert "a_b" in text and "a*b" in text and NOT_RUN in text and HOLDS in text
-    assert "by virtue of network sparsity" in text and "could be discarded" in text
 
 
-# -- the summary stage, on files written here ----------------------------------------------------------
-def write_model(root, name, rng, n_s=4, layers=3, heads=4, prune=True, metric=("accuracy", True, "accuracy"),
-                natural=True, scale_free=True, residual=(0.3, 0.6, 0.9)):
-    e = rng.random((n_s, layers, heads)) * 10
+def test_verdict_text_says_what_flips():
+    assert claims.verdict_text(HOLDS, [HOLDS, HOLDS], "halves") == "same in 2/2 halves"
+    assert claims.verdict_text(HOLDS, [HOLDS, NOT_HERE], "halves") == f"flips in 1/2 halves ({NOT_HERE} in 1)"
+    assert claims.verdict_text(HOLDS, [], "halves") == ""
+
+
+# -- the summary stage, on files written here ---------------------------------------------------------
+SETTINGS = {"bootstrap": 200, "permutations": 199, "null_draws": 19, "seed": 0}
+
+
+def write_model(root, name, rng, n_s=6, layers=3, heads=4, prune=True, natural=True, masked="",
+                theorem1=True, sparser=0.8):
+    e = rng.random((n_s, layers, heads)) * 10 + 1
     e[:, 0, 0] = 0.1  # one head at the bottom in every sample
-    ent = xr.Dataset({"head_entropy": (("sample", "layer", "head"), e)},
-                     coords={"sample": np.arange(n_s), "layer": np.arange(layers), "head": np.arange(heads)})
+    s = rng.uniform(1.0, 1.1, n_s)
+    ent = xr.Dataset({"head_entropy": (("sample", "layer", "head"), e),
+                      "head_l2": (("sample", "layer", "head"), rng.random((n_s, layers, heads)) + 1),
+                      "network_sparsity": ("sample", s), "network_sparsity_random": ("sample", s / sparser),
+                      "network_entropy": ("sample", rng.random(n_s) * 100 + 1),
+                      "network_l2": ("sample", rng.random(n_s) + 1)},
+                     coords={"sample": np.arange(n_s), "layer": np.arange(layers), "head": np.arange(heads)},
+                     attrs={"masked": masked, "masked_filled": 10} if masked else {})
+    if natural:
+        ent["network_sparsity_natural"] = ("sample", s / sparser)
     store.write_store(ent, root / f"{name}_entropy.zarr")
     pd.DataFrame({"model": name, "set": ["top"] * 3 + ["bottom"] * 3, "rank": [1, 2, 3] * 2,
                   "layer": [1, 2, 2, 0, 1, 2], "head": [1, 2, 3, 0, 0, 1],
-                  "count": ["2/4", "1/4", "1/4", "4/4", "2/4", "1/4"], "mean_entropy": 1.0}
+                  "count": ["2/6", "1/6", "1/6", "6/6", "2/6", "1/6"], "mean_entropy": 1.0}
                  ).to_csv(root / f"{name}_t1.csv", index=False)
-    t2 = pd.DataFrame({"model": name, "sample": np.arange(n_s), "network_entropy": rng.random(n_s) * 100,
-                       "network_sparsity": rng.random(n_s) + 1,
-                       "network_sparsity_random_trees": rng.random(n_s) + 1.5})
-    if natural:
-        t2["network_sparsity_natural_trees"] = rng.random(n_s) + 1.2
-    if scale_free:
-        t2["network_entropy_scale_free"] = rng.random(n_s)
-    t2.to_csv(root / f"{name}_t2.csv", index=False)
     (root / f"{name}_temp.json").write_text(json.dumps({
-        "at_model_tau": {"2-D organized": 0.08, "original": 0.2, "random": None},
         "crossover": {"original": {"text": "below the original order's for tau < 2.5 (crossover)"},
                       "random": {"text": "below the random orders' over the whole range (no crossover)"}}}))
-    # the temperature curves: 2 figure heads of 3 samples; at tau = 1 the residuals `residual`, at the
-    # other temperatures the reverse order (which must not count)
     rows = []
-    for s, (la, he), tau in itertools.product(range(3), [(0, 1), (2, 3)], (0.5, 1.0, 2.0)):
-        o, a, r = residual if tau == 1.0 else residual[::-1]
-        rows += [{"sample": s, "layer": la, "head": he, "order": ORG, "seed": -1, "tau": tau, "rel_residual": o},
-                 {"sample": s, "layer": la, "head": he, "order": ORIG, "seed": -1, "tau": tau, "rel_residual": a}]
-        rows += [{"sample": s, "layer": la, "head": he, "order": RND, "seed": j, "tau": tau, "rel_residual": r}
-                 for j in range(2)]
+    for smp, (la, he) in itertools.product(range(3), [(0, 1), (2, 3)]):
+        rows += [{"sample": smp, "layer": la, "head": he, "order": o, "seed": -1, "tau": 1.0, "rel_residual": r}
+                 for o, r in ((ORG, 0.3), (ORIG, 0.6))]
     pd.DataFrame(rows).to_csv(root / f"{name}_temp.csv", index=False)
-    # the decomposed stores: diffusion coordinates of the heads, clustered by layer
+    if theorem1:
+        t = theorem1_table(n_s, heads, lambda a, b: 0.3 + 0.01 * b, orig=0.9, rnd=1.2, uniform=0.8, nocross=0.6,
+                           alpha_scores=0.3, alpha_residual=0.7, alpha_softmax=0.1)
+        t.to_csv(root / f"{name}_theorem1.csv", index=False)
     unit_layer, unit_head = np.repeat(np.arange(layers), heads), np.tile(np.arange(heads), layers)
-    for s in range(n_s):
+    for smp in range(n_s):
         coords = rng.normal(size=(layers * heads, 3)) * 0.05 + unit_layer[:, None] * 1.0
         store.write_store(xr.Dataset({"diffusion_coords": (("unit", "component"), coords)},
                                      coords={"unit_layer": ("unit", unit_layer), "unit_head": ("unit", unit_head)}),
-                          root / f"{name}_dec{s}.zarr")
-    # what the prune stage writes: the metric measured, its direction and what the areas are of
-    pd.DataFrame({"model": name, "metric": metric[0], "higher_is_better": metric[1], "auc_of": metric[2],
+                          root / f"{name}_dec{smp}.zarr")
+    pd.DataFrame({"model": name, "metric": "accuracy", "higher_is_better": True, "auc_of": "accuracy",
                   "ranking": [LOWEST_FIRST, RANDOM], "auc": [0.6, 0.7], "auc_sd": [np.nan, 0.02]}
                  ).to_csv(root / f"{name}_t3.csv", index=False)
     n_units, ks = layers * heads, [0, 1, 3, 6, 12]
-    curves = [{"ranking": LOWEST_FIRST, "order": 0, "k": k, "fraction": k / n_units, metric[0]: 0.9 - 0.01 * k}
+    curves = [{"ranking": LOWEST_FIRST, "order": 0, "k": k, "fraction": k / n_units, "accuracy": 0.9 - 0.01 * k}
               for k in ks]
-    curves += [{"ranking": RANDOM, "order": j, "k": k, "fraction": k / n_units, metric[0]: 0.8 - 0.02 * k - 0.01 * j}
+    curves += [{"ranking": RANDOM, "order": j, "k": k, "fraction": k / n_units, "accuracy": 0.8 - 0.02 * k - 0.01 * j}
                for j in range(3) for k in ks]
     pd.DataFrame(curves).to_csv(root / f"{name}_curves.csv", index=False)
+    bottom_table(0.87, np.r_[np.linspace(0.5, 0.86, 65), 0.87], k=2, n_units=12, exact=True).to_csv(root / f"{name}_bottom.csv",
+                                                                                       index=False)
     for t in (1, 2, 3, 4):
         (root / f"{name}_t{t}.md").write_text(f"table {t} of {name}\n")
     inputs = {f"entropy_{name}": root / f"{name}_entropy.zarr", f"table1csv_{name}": root / f"{name}_t1.csv",
-              f"table2csv_{name}": root / f"{name}_t2.csv", f"temperature_{name}": root / f"{name}_temp.json",
-              f"temperaturecsv_{name}": root / f"{name}_temp.csv",
-              f"decomposed_{name}": [root / f"{name}_dec{s}.zarr" for s in range(n_s)],
+              f"temperature_{name}": root / f"{name}_temp.json", f"temperaturecsv_{name}": root / f"{name}_temp.csv",
+              f"decomposed_{name}": [root / f"{name}_dec{smp}.zarr" for smp in range(n_s)],
               **{f"table{t}_{name}": root / f"{name}_t{t}.md" for t in (1, 2)}}
+    if theorem1:
+        inputs[f"theorem1_{name}"] = root / f"{name}_theorem1.csv"
     if prune:
         inputs.update({f"table3csv_{name}": root / f"{name}_t3.csv", f"curves_{name}": root / f"{name}_curves.csv",
+                       f"bottom_{name}": root / f"{name}_bottom.csv",
                        **{f"table{t}_{name}": root / f"{name}_t{t}.md" for t in (3, 4)}})
     return inputs
 
 
 def run_summary(tmp_path, kinds, inputs):
     outs = {"md": tmp_path / "summary.md", "claims_csv": tmp_path / "claims.csv", "claims_rst": tmp_path / "claims.rst"}
-    summary(kinds, inputs, outs, 0.25)
+    summary(kinds, inputs, outs, 0.25, SETTINGS)
     return pd.read_csv(outs["claims_csv"]), outs
 
 
-def test_summary_opens_with_the_claims_table_recomputed_from_its_inputs(tmp_path):
-    from sklearn.metrics import silhouette_score
+def test_summary_opens_with_the_claims_recomputed_from_its_inputs(tmp_path):
     rng = np.random.default_rng(0)
     inputs = {**write_model(tmp_path, "vit_a", rng), **write_model(tmp_path, "txl-b", rng, prune=False, natural=False)}
     got, outs = run_summary(tmp_path, {"vit_a": "vit", "txl-b": "txl"}, inputs)
-    # grouped by claim, models in config order; the cross-model row after the models' Table 2 rows
-    assert list(got["claim"]) == [claims.CLAIMS[k] for k in claims.CLAIMS
-                                  for _ in range(1 if k == "table2_order" else 2)]
-    cross = got[got["claim"] == claims.CLAIMS["table2_order"]].iloc[0]
-    assert list(got.drop(cross.name)["model"]) == ["vit_a", "txl-b"] * (len(claims.CLAIMS) - 1)
-    assert set(got.columns) >= {"claim", "model", "measured", "paper", "verdict", "value", "stability", "quote"}
-    assert (got["quote"] == [claims.QUOTES[claims.claim_key(c)] for c in got["claim"]]).all()
-    row = got.set_index(["model", "claim"])
-    C = claims.CLAIMS
+    assert list(got.columns) == claims.COLUMNS
+    keys = list(dict.fromkeys(got["key"]))
+    assert keys == [k for k in claims.CLAIMS if k in keys]                     # grouped in the order of CLAIMS
+    row = got.set_index(["key", "model", "baseline"])
     for name in ("vit_a", "txl-b"):
-        value = row.loc[name]["value"]
-        t2 = pd.read_csv(tmp_path / f"{name}_t2.csv")
-        ratios = [(t2["network_sparsity"] / t2["network_sparsity_random_trees"]).mean()]
-        if name == "vit_a":
-            ratios.append((t2["network_sparsity"] / t2["network_sparsity_natural_trees"]).mean())
-        assert value[C["sparsity"]] == pytest.approx(max(ratios))
-        # bottom and top 25% (3 of 12 heads) sets by sorting, and their Jaccard over all pairs of samples
-        e = store.read_store(tmp_path / f"{name}_entropy.zarr")["head_entropy"].values.reshape(4, -1)
-        for key, sign in (("recurrence", 1), ("top_recurrence", -1)):
-            sets = [set(np.argsort(sign * s, kind="stable")[:3]) for s in e]
-            jac = np.mean([len(a & b) / len(a | b) for a, b in itertools.permutations(sets, 2)])
-            assert value[C[key]] == pytest.approx(jac)
-        assert value[C["paraproduct"]] == pytest.approx(0.3)  # the organized residual at tau = 1, not 0.9
-        sil = [silhouette_score(store.read_store(tmp_path / f"{name}_dec{s}.zarr")["diffusion_coords"].values,
-                                np.repeat(np.arange(3), 4)) for s in range(4)]
-        assert value[C["diffusion"]] == pytest.approx(np.median(sil), rel=1e-6)
-    ver = row["verdict"]
-    assert ver["vit_a", C["paraproduct"]] == HOLDS        # 0.3 < 1, below 0.6 and 0.9 in 6/6 head-samples
-    assert ver["vit_a", C["smoothness"]] == NOT_RUN and ver["vit_a", C["corollary1"]] == NOT_RUN
-    assert NO_THEOREM1 in row.loc[("vit_a", C["smoothness"]), "measured"]
-    assert ver["vit_a", C["pruning"]] == NOT_HERE          # area 0.6 < random 0.7, higher is better
-    # 3 of 12 heads masked: lowest first 0.87 against random 0.74, 0.73, 0.72 (sd 0.01)
-    assert ver["vit_a", C["pruning_bottom"]] == HOLDS
-    assert value_of(row, "vit_a", C["pruning_bottom"]) == pytest.approx((0.87 - 0.73) / 0.01)
-    assert ver["txl-b", C["pruning"]] == NOT_RUN and ver["txl-b", C["pruning_bottom"]] == NOT_RUN
-    assert ver["vit_a", C["diffusion"]] == HOLDS and ver["txl-b", C["diffusion"]] == NOT_HERE  # clustered
-    assert "against random trees only" in row.loc[("txl-b", C["sparsity"]), "measured"]
-    assert ver["vit_a", C["table2"]] == REPORTED
-    assert cross["verdict"] in (HOLDS, MIXED, NOT_HERE) and "vit_a" in cross["model"] and "txl-b" in cross["model"]
-    assert "6/6 batches" in row.loc[("txl-b", C["recurrence"]), "paper"]
+        ent = store.read_store(tmp_path / f"{name}_entropy.zarr")
+        ratio = np.log(ent["network_sparsity_random"].values / ent["network_sparsity"].values)
+        assert row.loc[("sparsity", name, "random trees"), "effect"] == pytest.approx(ratio.mean())
+        # bottom 25% (3 of 12 heads) by sorting, their Jaccard over every pair of samples, minus chance
+        e = ent["head_entropy"].values.reshape(6, -1)
+        sets = [set(np.argsort(s, kind="stable")[:3]) for s in e]
+        jac = np.mean([len(a & b) / len(a | b) for a, b in itertools.combinations(sets, 2)])
+        chance_row = row.loc[("recurrence", name, "chance (random sets of the same size)")]
+        assert chance_row["effect"] == pytest.approx(jac - claims.chance_jaccard(12, 3))
+        assert chance_row["unit"] == "sample" and chance_row["n_units"] == 6
+        para = row.loc[("paraproduct", name, "uniform attention")]
+        assert para["unit"] == "head" and para["n_units"] == 4
+        assert para["effect"] == pytest.approx(np.mean([np.log(0.8 / (0.3 + 0.01 * h)) for h in range(4)]))
+    assert row.loc[("sparsity", "txl-b", "natural order (balanced trees)"), "verdict"] == NOT_RUN
+    assert row.loc[("paraproduct", "vit_a", EVERY_BASELINE), "verdict"] == INCONCLUSIVE   # 4 heads < 5 units
+    assert row.loc[("pruning", "txl-b", "random head orders"), "verdict"] == NOT_RUN
+    bottom = row.loc[("pruning_bottom", "vit_a", "every set of as many heads")]
+    assert bottom["p"] == pytest.approx(1 / 66) and "2 of 12" in bottom["measured"]
+    cross = got[got["key"] == "table2_order"].iloc[0]
+    assert cross["model"] == "txl-b vs vit_a" and cross["unit"] == "sample"
+    both = got.dropna(subset=["p", "p_adjusted"])
+    assert (both["p_adjusted"] >= both["p"]).all() and both["p_adjusted"].max() <= 1.0
+    # every tested row says whether it replicates on halves of its samples; pruning cannot
+    tested = got[got["p"].notna()]
+    assert tested[~tested["key"].str.startswith("pruning")]["split_half"].str.contains("halves").all()
+    assert (tested[tested["key"].str.startswith("pruning")]["split_half"] == "not applicable: one ablation run").all()
     md = outs["md"].read_text()
-    assert md.index("| claim | model | the paper says |") < md.index("## vit_a") < md.index("table 3 of vit_a")
-    assert "table 3 of txl-b" not in md
-    assert "sign test" in md and "crossover" in md and "the same attention heads do the fewest processing" in md
+    assert md.index("### the organized network is sparse") < md.index("## vit_a") < md.index("table 3 of vit_a")
+    assert "table 3 of txl-b" not in md and "Holm" in md and "crossover" in md
+    assert outs["claims_rst"].read_text().startswith(".. list-table::")
 
 
-def value_of(row, model, claim):
-    return row.loc[(model, claim), "value"]
+def test_a_causal_model_gives_its_verdicts_under_both_masked_rules(tmp_path):
+    rng = np.random.default_rng(1)
+    inputs = write_model(tmp_path, "t", rng, masked="row_mean", sparser=0.8)
+    other = write_model(tmp_path / "..", "t_keep", np.random.default_rng(1), sparser=1.0)   # no gain under keep
+    inputs["maskedentropy_t"] = other["entropy_t_keep"]
+    inputs["maskeddecomposed_t"] = other["decomposed_t_keep"]
+    got, _ = run_summary(tmp_path, {"t": "txl"}, inputs)
+    row = got.set_index(["key", "baseline"])
+    s = row.loc[("sparsity", "random trees")]
+    assert s["verdict"] == HOLDS and s["masked_rule"] == "row_mean"
+    assert s["other_masked_rule"] == f"keep: {NOT_HERE} (the verdict flips)"
+    assert row.loc[("paraproduct", "uniform attention"), "masked_rule"] != "row_mean"   # not on the expansions
 
 
-def test_the_theorem1_table_replaces_the_temperature_curves_where_present(tmp_path):
+def test_the_theorem1_table_decides_and_the_temperature_curves_stand_in_without_it(tmp_path):
     rng = np.random.default_rng(2)
-    inputs = write_model(tmp_path, "m", rng)
-    # every head of 2 samples: every residual above 1 (the temperature curves' are below)
-    table = pd.concat([residuals([4.41] * 6, [5.07] * 6, [[7.69] * 2] * 6, alpha_softmax=[0.2] * 6,
-                                 alpha_residual=[0.5] * 6).assign(head=h) for h in range(2)], ignore_index=True)
-    table["corollary1_residual"] = table["residual"] / 10
-    table.to_csv(tmp_path / "theorem1.csv", index=False)
-    got, _ = run_summary(tmp_path, {"m": "vit"}, {**inputs, "theorem1_m": tmp_path / "theorem1.csv"})
-    row = got.set_index("claim")
-    C = claims.CLAIMS
-    assert row.loc[C["paraproduct"], "verdict"] == NOT_HERE and "every head" in row.loc[C["paraproduct"], "measured"]
-    assert row.loc[C["paraproduct"], "value"] == pytest.approx(4.41)
-    assert row.loc[C["smoothness"], "verdict"] == HOLDS and row.loc[C["smoothness"], "value"] == pytest.approx(0.3)
-    assert row.loc[C["corollary1"], "verdict"] == HOLDS and row.loc[C["corollary1"], "value"] == pytest.approx(0.441)
-    # a table without the exponents: the smoothness claim alone is not run
-    table.drop(columns=["alpha_softmax"]).to_csv(tmp_path / "theorem1.csv", index=False)
-    got, _ = run_summary(tmp_path, {"m": "vit"}, {**inputs, "theorem1_m": tmp_path / "theorem1.csv"})
-    row = got.set_index("claim")
-    assert row.loc[C["smoothness"], "verdict"] == NOT_RUN and NO_THEOREM1 in row.loc[C["smoothness"], "measured"]
-    assert row.loc[C["corollary1"], "verdict"] == HOLDS
-    # without the table the temperature curves decide, and the every-head claims are not run
+    inputs = write_model(tmp_path, "m", rng, theorem1=False)
     got, _ = run_summary(tmp_path, {"m": "vit"}, inputs)
-    assert got.set_index("claim").loc[C["paraproduct"], "verdict"] == HOLDS
-    assert got.set_index("claim").loc[C["corollary1"], "verdict"] == NOT_RUN
-
-
-def test_a_temperature_figure_without_scores_leaves_theorem1_not_run(tmp_path):
-    rng = np.random.default_rng(3)
-    inputs = write_model(tmp_path, "m", rng)
-    (tmp_path / "m_temp.json").write_text(json.dumps({"model": "m", "skipped": "no pre-softmax scores"}))
-    (tmp_path / "m_temp.csv").write_text("sample,layer,head,order,seed,tau,rel_residual\n")
-    got, outs = run_summary(tmp_path, {"m": "attention"}, inputs)
-    row = got.set_index("claim")
-    assert row.loc[claims.CLAIMS["paraproduct"], "verdict"] == NOT_RUN
-    assert "no pre-softmax scores" in row.loc[claims.CLAIMS["paraproduct"], "measured"]
-    assert "not run: no pre-softmax scores" in outs["md"].read_text()
+    row = got.set_index(["key", "baseline"])
+    assert row.loc[("paraproduct", "uniform attention"), "verdict"] == NOT_RUN
+    assert row.loc[("paraproduct", "original order"), "n_units"] == 2            # the two figure heads
+    assert NO_THEOREM1 in row.loc[("smoothness", "2α of the scores (Theorem 1's bound), heads meeting its premise"),
+                                  "measured"]
 
 
 def test_residual_table_takes_tau_one_of_the_temperature_curves(tmp_path):
     write_model(tmp_path, "m", np.random.default_rng(4))
     table, source = residual_table(None, tmp_path / "m_temp.csv")
     assert list(table.columns) == ["sample", "layer", "head", "order", "seed", "residual"]
-    assert len(table) == 3 * 2 * 4 and source == "the temperature figure's heads"
+    assert len(table) == 3 * 2 * 2 and source == "the temperature figure's heads"
     assert set(table.loc[table["order"] == ORG, "residual"]) == {0.3}
     assert residual_table(None, None) == (None, "")
 
 
-def test_pruning_claim_takes_the_metric_table3_measured(tmp_path):
-    """The same areas (0.6 vs random 0.7 +- 0.02) hold for a causal LM's perplexity (lower is
-    better) and do not for an encoder's cosine similarity, both `kind: hf`: the direction comes
-    from Table 3, not from the model kind."""
-    rng = np.random.default_rng(1)
-    inputs = {**write_model(tmp_path, "llm", rng, metric=("perplexity", False, "log perplexity")),
-              **write_model(tmp_path, "enc", rng, metric=("cosine similarity to the unmasked model", True,
-                                                           "cosine similarity to the unmasked model"))}
-    got, _ = run_summary(tmp_path, {"llm": "hf", "enc": "hf"}, inputs)
-    prune = got[got["claim"] == claims.CLAIMS["pruning"]].set_index("model")
-    assert prune.loc["llm", "verdict"] == HOLDS and prune.loc["enc", "verdict"] == NOT_HERE
-    assert "log perplexity" in prune.loc["llm", "measured"] and "lower is better" in prune.loc["llm", "measured"]
-    assert "cosine similarity" in prune.loc["enc", "measured"]
-    # at the bottom 25%: log(0.87) against log(0.74), log(0.73), log(0.72); lower is better for perplexity
-    bottom = got[got["claim"] == claims.CLAIMS["pruning_bottom"]].set_index("model")
-    r = np.log([0.74, 0.73, 0.72])
-    assert bottom.loc["llm", "value"] == pytest.approx(-(np.log(0.87) - r.mean()) / r.std(ddof=1))
-    assert bottom.loc["llm", "verdict"] == NOT_HERE and bottom.loc["enc", "verdict"] == HOLDS
-    assert table2_cross_absent(got)
-
-
-def table2_cross_absent(got):
-    return claims.CLAIMS["table2_order"] not in set(got["claim"])  # one kind: nothing to compare
-
-
-# -- replicates --------------------------------------------------------------------------------------
-def test_a_paraproduct_replicate_scales_its_figure_heads_residuals(tmp_path):
-    # 6 samples of one figure head (0, 0); replicate "ulp #1" makes samples 0-3 ten times worse
-    ent = np.random.default_rng(5).random((6, 10))
-    table = residuals([0.5] * 6, [0.9] * 6, [[2.0]] * 6)
-    res = np.stack([np.full(6, 0.5), np.full(6, 0.5), np.r_[np.full(4, 5.0), np.full(2, 0.5)]], axis=1)[:, :, None]
-    stab = xr.Dataset({"head_entropy": (("sample", "replicate", "unit"), np.repeat(ent[:, None], 3, 1)),
-                       "sparsity_ratio": (("sample", "replicate"), np.full((6, 3), 0.5)),
-                       "paraproduct_residual": (("sample", "replicate", "fig_head"), res)},
-                      coords={"sample": np.arange(6), "fig_layer": ("fig_head", [0]),
-                              "fig_head_index": ("fig_head", [0]),
-                              "perturbation": ("replicate", np.array([REFERENCE, "ulp", "ulp"], dtype=object)),
-                              "replicate_index": ("replicate", [0, 0, 1])})
-    store.write_store(stab, tmp_path / "stab.zarr")
-    reps = replicate_verdicts(tmp_path / "stab.zarr", ent, np.full(6, 1.0), np.full(6, 2.0), 0.2, table, None,
-                              natural=np.full(6, 1.0))
-    assert reps["paraproduct"] == [HOLDS, NOT_HERE]
-    assert reps["sparsity"] == [NOT_HERE, NOT_HERE]  # below random trees, equal to the natural order
-    assert len(reps["top_recurrence"]) == 2
-    assert replicate_verdicts(tmp_path / "stab.zarr", ent, np.full(6, 1.0), np.full(6, 2.0), 0.2, table,
-                              "no scores")["paraproduct"] == []
-
-
-def test_theorem1_and_diffusion_replicates_change_only_their_replicated_samples(tmp_path):
-    # 6 samples of figure head (0, 0) and 8 heads in 2 layers; samples 0-3 replicated: ulp #0 moves
-    # nothing, ulp #1 triples Corollary 1's residual, lowers the residual's exponent by 0.4 and
-    # scatters the heads across layers; sibling has no paraproduct
-    table = residuals([0.5] * 6, [0.9] * 6, [[2.0]] * 6)
-    table["corollary1_residual"] = 0.8 * table["residual"]
-    table["alpha_softmax"] = 0.3
-    table["alpha_residual"] = np.where(table["order"] == ORG, 0.6, 0.0)
-    pert = np.array([REFERENCE, "ulp", "ulp", "sibling"], dtype=object)
-
-    def fig(ref, ulp1):  # (sample, replicate, fig_head), on another scale than the table's
-        return np.tile(np.array([ref, ref, ulp1, np.nan])[None, :, None], (4, 1, 1))
-
-    layers = np.repeat([0, 1], 4)
-    clustered = np.c_[10.0 * layers + np.linspace(0, 0.3, 8), np.zeros(8)]
-    scattered = np.c_[[0.0, 2, 4, 6, 1, 3, 5, 7], np.zeros(8)]
-    coords = np.stack([clustered, clustered, scattered, clustered])[None].repeat(4, 0)
-    ent = np.random.default_rng(5).random((6, 8))
-    stab = xr.Dataset({"head_entropy": (("sample", "replicate", "unit"), np.repeat(ent[:4, None], 4, 1)),
-                       "sparsity_ratio": (("sample", "replicate"), np.full((4, 4), 0.5)),
-                       "paraproduct_residual": (("sample", "replicate", "fig_head"), fig(0.25, 0.25)),
-                       "corollary1_residual": (("sample", "replicate", "fig_head"), fig(0.1, 0.3)),
-                       "alpha_softmax": (("sample", "replicate", "fig_head"), fig(0.2, 0.2)),
-                       "alpha_residual": (("sample", "replicate", "fig_head"), fig(0.9, 0.5)),
-                       "diffusion_coords": (("sample", "replicate", "unit", "component"), coords)},
-                      coords={"sample": np.arange(4), "fig_layer": ("fig_head", [0]), "fig_head_index": ("fig_head", [0]),
-                              "unit_layer": ("unit", layers), "perturbation": ("replicate", pert),
+def test_a_replicate_that_moves_a_verdict_is_reported_as_a_flip(tmp_path):
+    rng = np.random.default_rng(5)
+    inputs = write_model(tmp_path, "m", rng, prune=False)
+    ent = store.read_store(tmp_path / "m_entropy.zarr")["head_entropy"].values.reshape(6, -1)
+    # samples 0-2 replicated: the ulp replicates leave everything, the float16 one makes those samples'
+    # organized tensor as dense as random trees (ratio 1)
+    pert = np.array([REFERENCE, "ulp", "ulp", "float16"], dtype=object)
+    ratio = np.tile([0.8, 0.8, 0.8, 1.0], (3, 1))
+    coords = np.stack([store.read_store(tmp_path / f"m_dec{s}.zarr")["diffusion_coords"].values for s in range(3)])
+    stab = xr.Dataset({"head_entropy": (("sample", "replicate", "unit"), np.repeat(ent[:3, None], 4, 1)),
+                       "sparsity_ratio": (("sample", "replicate"), ratio),
+                       "diffusion_coords": (("sample", "replicate", "unit", "component"),
+                                            np.repeat(coords[:, None], 4, 1))},
+                      coords={"sample": np.arange(3), "perturbation": ("replicate", pert),
                               "replicate_index": ("replicate", [0, 0, 1, 0])})
     store.write_store(stab, tmp_path / "stab.zarr")
-    reps = replicate_verdicts(tmp_path / "stab.zarr", ent, np.full(6, 1.0), np.full(6, 2.0), 0.25, table, None,
-                              kind="vit", silhouettes=np.full(6, 0.8), pvalues=np.full(6, 0.005))
-    assert reps["paraproduct"] == [HOLDS, HOLDS]
-    # 1.2 against 0.72 in the original order for 4 of 6 head-samples; shifted, not replaced by the
-    # replicate's 0.5 (above its softmax's 0.2) nor scaled (0.6 x 0.5 / 0.9 above 0.3)
-    assert reps["corollary1"] == [HOLDS, NOT_HERE]
-    assert reps["smoothness"] == [HOLDS, NOT_HERE]
-    # 2 of 6 samples clustered by layer in ulp #1 (the unreplicated 4 and 5): mixed
-    assert reps["diffusion"] == [HOLDS, MIXED, HOLDS]
-    # without the model's kind or reference silhouettes, no diffusion verdicts
-    assert replicate_verdicts(tmp_path / "stab.zarr", ent, np.full(6, 1.0), np.full(6, 2.0), 0.25, table,
-                              None)["diffusion"] == []
+    got, _ = run_summary(tmp_path, {"m": "vit"}, {**inputs, "stability_m": tmp_path / "stab.zarr"})
+    row = got.set_index(["key", "baseline"])
+    s = row.loc[("sparsity", "random trees")]
+    assert s["verdict"] == HOLDS and s["numerically_robust"].startswith("flips in 1/3 numerical replicates")
+    assert row.loc[("recurrence", "chance (random sets of the same size)"), "numerically_robust"] \
+        .startswith("same in 3/3")

@@ -1,65 +1,90 @@
-"""Stage `summary`: one Markdown page opening with the paper's claims as measured (one table),
-then every model's training metrics and tables."""
+"""Stage `summary`: one Markdown page opening with the paper's claims as measured (docs/method.md §13),
+then every model's training metrics and tables.
+
+Each model's measurements are gathered once (`ModelData`); the claims' rows are built from them
+(`model_rows`), corrected together (`claims.finalize`), and built again from changed copies of
+them to say whether each verdict replicates: on each half of the samples, in each replicate
+analysis of the stability stage, and under the other masked-entry rule (`claims.redecide`)."""
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .. import store
-from ..claims import (
-    CLAIMS,
-    NOT_RUN,
-    ORGANIZED,
-    REPORTED,
-    claim_key,
-    claims_markdown,
-    claims_records,
-    claims_rst,
-    corollary1_claim,
-    diffusion_claim,
-    layer_silhouette_test,
-    paper_number,
-    paraproduct_claim,
-    pruning_bottom_claim,
-    pruning_claim,
-    recurrence_claim,
-    smoothness_claim,
-    sparsity_claim,
-    stability_text,
-    table2_claim,
-    table2_order_claim,
-)
-from ..stability import FIG_MEASURES, REFERENCE, bottom_sets, mean_pair_jaccard, replicate_sets
-from ..entropy import extreme_heads, jaccard_stability, n_extreme
+from ..claims import (APPROXIMATIONS, CLAIMS, NOT_RUN, ORGANIZED, REPORTED, UNIFORM, Claim, approximation_rows,
+                      claims_markdown, claims_records, claims_rst, cluster_tests_of, diffusion_row, finalize,
+                      head_sample_residuals, paper_number,
+                      pruning_bottom_row, pruning_row, recurrence_null, recurrence_rows, redecide, smoothness_row,
+                      sparsity_rows, table2_order_rows, table2_row, verdict_text)
+from ..clustering import ClusterTest, best_silhouette
+from ..entropy import n_extreme
 from ..models import adapter_for
+from ..stability import FIG_MEASURES, REFERENCE, replicate_sets
 from ..temperature import crossover_counts
 
 log = logging.getLogger("oattn")
 
-__all__ = ["bottom_fraction_point", "diffusion_silhouettes", "model_claims", "prune_not_run", "replicate_verdicts",
-           "residual_table", "summary"]
+__all__ = ["ModelData", "Settings", "head_crossover_text", "load_model_data", "model_rows", "prune_not_run",
+           "replicate_data", "residual_table", "subset", "summary"]
 
 LOWEST_FIRST, RANDOM = "Haar entropy, lowest first", "random"
 """Table 3's names of the ranking the paper proposes and of the random orders."""
 NO_THEOREM1 = "no theorem1 table (every-head Theorem 1 measures not computed)"
-DIFFUSION_SEED = 0
-"""The seed of the layer-label shuffles of the diffusion claim (sample i: default_rng([seed, i]))."""
+MASKED_KEYS = ("sparsity", "recurrence", "top_recurrence", "table2", "table2_order", "diffusion")
+"""The claims measured on the 3-D expansions of the analysed quantity: for pre-softmax scores they
+depend on the masked-entry rule (docs/method.md §9.5)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the claims are inferred (the config's `claims` section) and Table 1's fraction."""
+
+    fraction: float = 0.1
+    bootstrap: int = 2000
+    permutations: int = 9999
+    null_draws: int = 99
+    seed: int = 0
+    nulls: dict = field(default_factory=dict, compare=False)
+    """Recurrence nulls by (samples, units, k, seed): they depend on the sizes only."""
+
+
+@dataclass(frozen=True)
+class ModelData:
+    """Everything the claims of one model are decided on, per sample where it is per sample."""
+
+    name: str
+    kind: str
+    samples: np.ndarray                  # (S,) sample indices
+    entropy: np.ndarray                  # (S, U) head Haar entropy, units flat (layer, head)
+    amplitude: np.ndarray | None         # (S, U) each head's Frobenius norm
+    sparsity: np.ndarray                 # (S,) network l1/l2, organized
+    random: np.ndarray                   # (S,) under random trees
+    natural: np.ndarray | None           # (S,) under balanced trees in the natural order
+    network_entropy: np.ndarray          # (S,)
+    scale_free: np.ndarray | None        # (S,) network entropy / l2 norm
+    counts: dict                         # "bottom"/"top" -> Table 1's most frequent heads ((layer, head), count)
+    residuals: pd.DataFrame | None       # the theorem1 table (or the temperature figure's rows at tau = 1)
+    source: str = ""
+    para_not_run: str | None = None
+    theorem1_not_run: str | None = NO_THEOREM1
+    crossover: str = ""
+    clusters: tuple = ()                 # (S,) clustering.ClusterTest of the diffusion coordinates
+    diffusion_not_run: str | None = None
+    prune: dict | None = None            # pruning_row / pruning_bottom_row arguments; None: not run
+    prune_not_run: str = ""
+    masked_rule: str = ""                # the extract.masked rule, where it set any masked score
 
 
 def residual_table(theorem1_csv=None, temperature_csv=None) -> tuple[pd.DataFrame | None, str]:
-    """The per head-sample table of Theorem 1's claims (docs/method.md §13) and where it comes from.
-
-    A DataFrame with columns sample, layer, head, order ("2-D organized", "original", "random"),
-    seed (random orders: one row per seed, else -1) and residual, the relative residual of the
-    paraproduct at tau = 1: the every-head `theorem1_csv` where one was computed (with its other
-    columns: corollary1_residual, alpha_softmax, alpha_residual), else the temperature figure's
-    curves (`temperature_csv`, its figure heads, rows at tau = 1). (None, "") without either.
-    """
+    """The per head-sample table of Theorem 1's claims (docs/method.md §13) and where it comes from:
+    the every-head `theorem1_csv` where one was computed, else the temperature figure's curves
+    (`temperature_csv`, its figure heads, rows at tau = 1, the paraproduct's residual only). (None,
+    "") without either."""
     if theorem1_csv is not None:
         return pd.read_csv(theorem1_csv), "every head"
     if temperature_csv is None:
@@ -68,37 +93,6 @@ def residual_table(theorem1_csv=None, temperature_csv=None) -> tuple[pd.DataFram
     t = t[np.isclose(t["tau"].to_numpy(dtype=float), 1.0)].rename(columns={"rel_residual": "residual"})
     return (t[["sample", "layer", "head", "order", "seed", "residual"]].reset_index(drop=True),
             "the temperature figure's heads")
-
-
-def diffusion_silhouettes(decomposed_stores, seed: int = DIFFUSION_SEED) -> tuple[np.ndarray, np.ndarray]:
-    """Per decomposed store (one sample each): the silhouette of its heads grouped by layer in the
-    diffusion coordinates and its permutation p-value (`claims.layer_silhouette_test`)."""
-    sil, pval = [], []
-    for i, path in enumerate(decomposed_stores):
-        ds = store.read_store(path, require=("diffusion_coords",), lazy=True)
-        x = ds["diffusion_coords"].transpose("unit", "component").values
-        s, p = layer_silhouette_test(x, ds["unit_layer"].values, rng=np.random.default_rng([seed, i]))
-        sil.append(s)
-        pval.append(p)
-    return np.asarray(sil, dtype=float), np.asarray(pval, dtype=float)
-
-
-def bottom_fraction_point(curves_csv, metric: str, log_metric: bool, fraction: float) -> dict:
-    """The prune stage's curves at the bottom `fraction` of heads masked: the metric (its log where
-    Table 3's areas are of the log) lowest entropy first and per random order, at the mask size of
-    the curves' grid nearest `entropy.n_extreme(n_units, fraction)` (Table 1's bottom set)."""
-    c = pd.read_csv(curves_csv)
-    if metric not in c.columns:
-        raise ValueError(f"{curves_csv}: no column {metric!r} (has {list(c.columns)})")
-    n_units = int(c["k"].max())
-    target = n_extreme(n_units, fraction)
-    k = min((int(x) for x in c["k"].unique() if x > 0), key=lambda x: (abs(x - target), x))
-    at = c[c["k"] == k]
-    low, rnd = (at.loc[at["ranking"] == r, metric].to_numpy(dtype=float) for r in (LOWEST_FIRST, RANDOM))
-    if log_metric:
-        low, rnd = np.log(low), np.log(rnd)
-    note = "" if k == target else f" (the grid's nearest to the bottom {fraction:.0%}, {target} heads)"
-    return {"low": float(low[0]), "random": rnd, "k": k, "n_units": n_units, "note": note}
 
 
 def head_crossover_text(curves: pd.DataFrame) -> str:
@@ -121,125 +115,199 @@ def head_crossover_text(curves: pd.DataFrame) -> str:
     return "per head-sample, the organized residual is " + "; ".join(parts) if parts else ""
 
 
-def model_claims(name: str, kind: str, entropy_store, table1_csv, table2_csv, temperature_json,
-                 table3_csv=None, fraction: float = 0.1, stability_store=None, *, temperature_csv=None,
-                 theorem1_csv=None, curves_csv=None, decomposed_stores=(), theorem1_curves_csv=None) -> list:
-    """Every per-model claim (docs/method.md §13), from the model's stores, tables and figures.
+def prune_not_run(kind: str) -> str:
+    """Why the prune stage did not run for a model of `kind`: its kind holds no model whose heads
+    can be masked, or the config's prune.enabled."""
+    if not adapter_for(kind).prunes:
+        return f"kind {kind} holds no model to mask"
+    return "prune.enabled: false"
 
-    The Jaccard indices of the bottom and top sets are recomputed from the entropy store (as
-    Table 1's note); the sparsity ratios and the network entropies come from Table 2; Theorem 1's
-    residuals from `residual_table` (the every-head `theorem1_csv`, else the temperature figure's
-    `temperature_csv`), the crossovers per head-sample from `theorem1_curves_csv` where given, else the
-    figure heads' from the `temperature_json`; the pruning areas from Table 3
-    and the metric at the bottom `fraction` from the prune stage's `curves_csv` (None: prune not
-    run, for the reason `prune_not_run`); the layer silhouettes from the `decomposed_stores`. A
-    temperature JSON with `skipped` (the reason: no pre-softmax scores) makes Theorem 1's claims
-    not run. With a `stability_store`, the sparsity, recurrence and paraproduct claims are decided
-    again in every replicate analysis (`replicate_verdicts`) and say whether their verdict survives.
-    """
-    ent = store.read_store(entropy_store, require=("head_entropy",), finite=("head_entropy",))
-    e = ent["head_entropy"].transpose("sample", "layer", "head").values
-    n_s = e.shape[0]
-    flat = e.reshape(n_s, -1)
-    k = extreme_heads(flat, fraction)["k"]
-    t1 = pd.read_csv(table1_csv)
-    t2 = pd.read_csv(table2_csv)
-    temp = json.loads(Path(temperature_json).read_text())
-    skipped = temp.get("skipped")
-    cross = "" if skipped else "; ".join(f"organized is {temp['crossover'][b]['text']}" for b in ("original", "random"))
-    if theorem1_curves_csv is not None and not skipped:
-        cross = head_crossover_text(pd.read_csv(theorem1_curves_csv)) or cross
-    residuals, source = residual_table(theorem1_csv, temperature_csv)
-    para_not_run = skipped if theorem1_csv is None else None
-    if residuals is None and not para_not_run:
-        para_not_run = "no residual table (neither the temperature figure's curves nor a theorem1 table)"
-    elif residuals is not None and residuals.empty and not para_not_run:
-        para_not_run = "the residual table is empty"
 
-    def theorem1(*columns):
-        """Why a claim on the theorem1 table's `columns` is not run (None: it is)."""
-        if theorem1_csv is None or not set(columns) <= set(residuals.columns):
-            return NO_THEOREM1
-        return para_not_run
+# -- reading ----------------------------------------------------------------------------------------
+def _entropy_measures(entropy_store) -> dict:
+    """The per-sample measures of an entropy store: head entropies and amplitudes (S, U) with the
+    units' (layer, head), the network sparsities and entropies, the masked rule it records."""
+    ent = store.read_store(entropy_store, require=("head_entropy", "network_sparsity", "network_sparsity_random",
+                                                   "network_entropy"), finite=("head_entropy",))
+    e = ent["head_entropy"].transpose("sample", "layer", "head")
+    n_s = e.sizes["sample"]
+    amp = (ent["head_l2"].transpose("sample", "layer", "head").values.reshape(n_s, -1)
+           if "head_l2" in ent else None)
+    filled = int(ent.attrs.get("masked_filled", 0))
+    return {"samples": ent["sample"].values, "entropy": e.values.reshape(n_s, -1), "amplitude": amp,
+            "layers": ent["layer"].values, "heads": ent["head"].values,
+            "sparsity": ent["network_sparsity"].values, "random": ent["network_sparsity_random"].values,
+            "natural": ent["network_sparsity_natural"].values if "network_sparsity_natural" in ent else None,
+            "network_entropy": ent["network_entropy"].values,
+            "scale_free": (ent["network_entropy"].values / ent["network_l2"].values if "network_l2" in ent else None),
+            "masked_rule": str(ent.attrs.get("masked", "")) if filled else ""}
 
-    metric, higher, auc_low, auc_rand, auc_sd, bottom = "held-out metric", True, None, None, None, {}
-    if table3_csv is not None:
-        t3 = pd.read_csv(table3_csv).set_index("ranking")
-        auc_low, auc_rand = float(t3.loc[LOWEST_FIRST, "auc"]), float(t3.loc[RANDOM, "auc"])
-        auc_sd = float(t3.loc[RANDOM, "auc_sd"])
-        # what the areas are of (log perplexity, accuracy, cosine similarity) as the prune stage measured
-        auc_of, higher = str(t3["auc_of"].iloc[0]), bool(t3["higher_is_better"].iloc[0])
-        metric = f"held-out {auc_of}"
-        if curves_csv is not None:
-            bottom = bottom_fraction_point(curves_csv, str(t3["metric"].iloc[0]), auc_of.startswith("log "), fraction)
-    sparsity, random = t2["network_sparsity"].to_numpy(), t2["network_sparsity_random_trees"].to_numpy()
-    natural = t2["network_sparsity_natural_trees"].to_numpy() if "network_sparsity_natural_trees" in t2 else None
-    scale_free = t2["network_entropy_scale_free"].to_numpy() if "network_entropy_scale_free" in t2 else None
-    if decomposed_stores:
-        sil, pval = diffusion_silhouettes(decomposed_stores)
-        diffusion = diffusion_claim(name, kind, sil, pval, paper=paper_number("diffusion", kind))
-    else:
-        diffusion = diffusion_claim(name, kind, [], [], paper=paper_number("diffusion", kind),
-                                    not_run="no decomposed stores given")
-    claims = [sparsity_claim(name, sparsity, random, natural, paper=paper_number("sparsity", kind))]
-    for which, key in (("bottom", "recurrence"), ("top", "top_recurrence")):
-        jac = jaccard_stability(flat, fraction, which)
-        off = jac[~np.eye(n_s, dtype=bool)]
-        rows = t1[t1["set"] == which].sort_values("rank")
-        counts = [((int(r.layer), int(r.head)), int(str(r.count).split("/")[0])) for r in rows.itertuples()]
-        claims.append(recurrence_claim(name, float(off.mean()) if off.size else float("nan"), flat.shape[1], k,
-                                       counts, n_s, paper=paper_number(key, kind), which=which))
-    claims += [
-        paraproduct_claim(name, residuals, cross, paper=paper_number("paraproduct", kind), not_run=para_not_run,
-                          source=source),
-        smoothness_claim(name, residuals, paper=paper_number("smoothness", kind), not_run=theorem1("alpha_softmax", "alpha_residual")),
-        corollary1_claim(name, residuals, paper=paper_number("corollary1", kind),
-                         not_run=theorem1("corollary1_residual"), source=source),
-        pruning_claim(name, auc_low, auc_rand, auc_sd, higher, metric=metric, paper=paper_number("pruning", kind),
-                      not_run=prune_not_run(kind)),
-        pruning_bottom_claim(name, bottom.get("low"), bottom.get("random"), bottom.get("k", 0),
-                             bottom.get("n_units", 0), higher, metric=metric,
-                             paper=paper_number("pruning_bottom", kind),
-                             not_run=prune_not_run(kind) if table3_csv is None else "no curves given",
-                             note=bottom.get("note", "")),
-        table2_claim(name, t2["network_entropy"].to_numpy(), scale_free, paper=paper_number("table2", kind)),
-        diffusion,
-    ]
-    if stability_store is None:
-        return claims
-    reps = replicate_verdicts(stability_store, flat, sparsity, random, fraction, residuals, para_not_run,
-                              natural=natural, kind=kind, silhouettes=sil if decomposed_stores else None,
-                              pvalues=pval if decomposed_stores else None)
-    out = []
-    for c in claims:
-        key = claim_key(c.claim)
-        if c.verdict in (NOT_RUN, REPORTED):
-            out.append(c)
-        elif reps.get(key):
-            out.append(replace(c, stability=stability_text(c.verdict, reps[key])))
-        else:
-            out.append(replace(c, stability="not replicated: one ablation run" if key.startswith("pruning")
-                               else "not replicated"))
+
+def _clusters(decomposed_stores, settings: Settings, name: str) -> tuple[tuple, str | None]:
+    if not decomposed_stores:
+        return (), "no decomposed stores given"
+    coords = []
+    for path in decomposed_stores:
+        ds = store.read_store(path, require=("diffusion_coords",), lazy=True)
+        coords.append(ds["diffusion_coords"].transpose("unit", "component").values)
+    return tuple(cluster_tests_of(coords, settings.null_draws, settings.seed, name)), None
+
+
+def _prune(table3_csv, curves_csv, bottom_csv) -> dict:
+    """The pruning rows' arguments from Table 3 (what the areas are of), the curves (every order's
+    area) and the bottom table (None where the prune stage wrote none)."""
+    t3 = pd.read_csv(table3_csv)
+    auc_of, higher = str(t3["auc_of"].iloc[0]), bool(t3["higher_is_better"].iloc[0])
+    metric = str(t3["metric"].iloc[0])
+    out = {"higher_is_better": higher, "metric": f"held-out {auc_of}", "bottom": None, "auc_low": None,
+           "auc_random": None, "others": {}}
+    if curves_csv is not None:
+        c = pd.read_csv(curves_csv)
+        if metric not in c.columns:
+            raise ValueError(f"{curves_csv}: no column {metric!r} (has {list(c.columns)})")
+        y = c[metric].to_numpy(dtype=float)
+        c = c.assign(y=np.log(y) if auc_of.startswith("log ") else y).sort_values("fraction")
+        # Table 3's trapezoidal areas (docs/method.md §11.3; ablation.auc, which would import torch here)
+        areas = {key: float(np.trapezoid(g["y"].to_numpy(), g["fraction"].to_numpy()))
+                 for key, g in c.groupby(["ranking", "order"], sort=False)}
+        out["auc_low"] = areas.get((LOWEST_FIRST, 0))
+        out["auc_random"] = np.array([v for (r, _), v in areas.items() if r == RANDOM])
+        out["others"] = {r: v for (r, o), v in areas.items() if r not in (LOWEST_FIRST, RANDOM)}
+    if bottom_csv is not None:
+        # the null's sets are named "null", which pandas reads as a missing value by default
+        out["bottom"] = pd.read_csv(bottom_csv, keep_default_na=False, na_values=[""])
     return out
 
 
-# the theorem1 table's columns a replicate changes: by the ratio of the figure head's replicate value
-# to its reference (residuals) or by their difference (exponents)
-_SCALED = {"residual": "paraproduct_residual", "corollary1_residual": "corollary1_residual"}
-_SHIFTED = {"alpha_softmax": "alpha_softmax", "alpha_residual": "alpha_residual"}
+def load_model_data(name: str, kind: str, inputs: dict, settings: Settings) -> ModelData:
+    """A model's `ModelData` from the summary's inputs (`summary`'s keys, suffixed _<name>)."""
+    def get(key):
+        return inputs.get(f"{key}_{name}")
+
+    m = _entropy_measures(get("entropy"))
+    t1 = pd.read_csv(get("table1csv"))
+    counts = {which: [((int(r.layer), int(r.head)), int(str(r.count).split("/")[0]))
+                      for r in t1[t1["set"] == which].sort_values("rank").itertuples()] for which in ("bottom", "top")}
+    temp = json.loads(Path(get("temperature")).read_text())
+    skipped = temp.get("skipped")
+    cross = "" if skipped else "; ".join(f"organized is {temp['crossover'][b]['text']}" for b in ("original", "random"))
+    if get("theorem1curves") is not None and not skipped:
+        cross = head_crossover_text(pd.read_csv(get("theorem1curves"))) or cross
+    residuals, source = residual_table(get("theorem1"), get("temperaturecsv"))
+    para_not_run = skipped if get("theorem1") is None else None
+    if residuals is None and not para_not_run:
+        para_not_run = "no residual table (neither the temperature figure's curves nor a theorem1 table)"
+    elif residuals is not None and residuals.empty and not para_not_run:
+        para_not_run = skipped or "the residual table is empty (no pre-softmax scores)"
+    decomposed = get("decomposed") or ()
+    decomposed = [decomposed] if isinstance(decomposed, (str, Path)) else list(decomposed)
+    clusters, diff_not_run = _clusters(decomposed, settings, name)
+    prune = None
+    if get("table3csv") is not None:
+        prune = _prune(get("table3csv"), get("curves"), get("bottom"))
+    return ModelData(name=name, kind=kind, samples=m["samples"], entropy=m["entropy"], amplitude=m["amplitude"],
+                     sparsity=m["sparsity"], random=m["random"], natural=m["natural"],
+                     network_entropy=m["network_entropy"], scale_free=m["scale_free"], counts=counts,
+                     residuals=residuals, source=source, para_not_run=para_not_run,
+                     theorem1_not_run=NO_THEOREM1 if get("theorem1") is None else para_not_run, crossover=cross,
+                     clusters=clusters, diffusion_not_run=diff_not_run, prune=prune,
+                     prune_not_run=prune_not_run(kind) if prune is None else "", masked_rule=m["masked_rule"])
 
 
-def _replicate_table(residuals: pd.DataFrame, fig: dict, figs: list, r: int, r0: int) -> pd.DataFrame | None:
+# -- the rows ---------------------------------------------------------------------------------------
+def _null(settings: Settings, n_s: int, n_u: int) -> np.ndarray:
+    k = n_extreme(n_u, settings.fraction)
+    key = (n_s, n_u, k, settings.permutations, settings.seed)
+    if key not in settings.nulls:
+        settings.nulls[key] = recurrence_null(n_s, n_u, k, settings.permutations, settings.seed)
+    return settings.nulls[key]
+
+
+def model_rows(d: ModelData, settings: Settings, keys=None) -> list[Claim]:
+    """Every per-model row of the claims table (docs/method.md §13), not yet corrected (`finalize`);
+    only the claims in `keys` where given."""
+    boot = {"n_boot": settings.bootstrap, "seed": settings.seed}
+    want = set(CLAIMS) if keys is None else set(keys)
+
+    def paper(key):
+        return paper_number(key, d.kind)
+
+    rows = []
+    if "sparsity" in want:
+        rows += sparsity_rows(d.name, d.sparsity, d.random, d.natural, paper=paper("sparsity"), **boot)
+    for which, key in (("bottom", "recurrence"), ("top", "top_recurrence")):
+        if key in want:
+            null = _null(settings, *d.entropy.shape) if d.entropy.shape[0] > 1 else None
+            rows += recurrence_rows(d.name, d.entropy, settings.fraction, which, amplitude=d.amplitude,
+                                    counts=d.counts.get(which, ()), paper=paper(key),
+                                    permutations=settings.permutations, null=null, **boot)
+    residual_columns = [c for c in (*(c for pair in APPROXIMATIONS.values() for c in pair), UNIFORM)
+                        if d.residuals is not None and c in d.residuals.columns]
+    orders = (head_sample_residuals(d.residuals, residual_columns)
+              if residual_columns and not d.para_not_run and want & set(APPROXIMATIONS) else None)
+    for key in APPROXIMATIONS:
+        if key in want:
+            rows += approximation_rows(d.name, d.residuals, key, paper=paper(key), not_run=d.para_not_run,
+                                       source=d.source, crossover_text=d.crossover if key == "paraproduct" else "",
+                                       orders=orders, **boot)
+    if "smoothness" in want:
+        rows += smoothness_row(d.name, d.residuals, paper=paper("smoothness"), not_run=d.theorem1_not_run, **boot)
+    if "pruning" in want:
+        p = d.prune or {}
+        rows += pruning_row(d.name, p.get("auc_low"), p.get("auc_random"), higher_is_better=p.get("higher_is_better", True),
+                            metric=p.get("metric", "held-out metric"), others=p.get("others"), paper=paper("pruning"),
+                            not_run=d.prune_not_run or "no curves given", **boot)
+    if "pruning_bottom" in want:
+        p = d.prune or {}
+        rows += pruning_bottom_row(d.name, p.get("bottom"), paper=paper("pruning_bottom"),
+                                   not_run=d.prune_not_run or "no bottom table given", **boot)
+    if "table2" in want:
+        rows += table2_row(d.name, d.network_entropy, d.scale_free, paper=paper("table2"))
+    if "diffusion" in want:
+        rows += diffusion_row(d.name, d.kind, list(d.clusters), paper=paper("diffusion"),
+                              not_run=d.diffusion_not_run, **boot)
+    return rows
+
+
+def subset(d: ModelData, rows: np.ndarray) -> ModelData:
+    """The model's data on the samples at positions `rows` only."""
+    rows = np.asarray(rows)
+    ids = set(int(s) for s in d.samples[rows])
+
+    def pick(a):
+        return None if a is None else np.asarray(a)[rows]
+
+    res = d.residuals
+    if res is not None:
+        res = res[res["sample"].isin(ids)].reset_index(drop=True)
+    return replace(d, samples=d.samples[rows], entropy=d.entropy[rows], amplitude=pick(d.amplitude),
+                   sparsity=d.sparsity[rows], random=d.random[rows], natural=pick(d.natural),
+                   network_entropy=d.network_entropy[rows], scale_free=pick(d.scale_free), residuals=res,
+                   clusters=tuple(d.clusters[i] for i in rows) if d.clusters else ())
+
+
+# -- replicates -------------------------------------------------------------------------------------
+_SCALED = {c for pair in APPROXIMATIONS.values() for c in pair} | {"uniform_residual"}
+_SHIFTED = {"alpha_scores", "alpha_softmax", "alpha_residual"}
+
+
+def _fig_measure(column: str) -> str:
+    """The stability store's name of a theorem1 table column (its paraproduct residual is
+    `paraproduct_residual` there)."""
+    return "paraproduct_residual" if column == "residual" else column
+
+
+def _replicate_residuals(residuals: pd.DataFrame, fig: dict, figs: list, r: int, r0: int) -> pd.DataFrame | None:
     """The residual table of replicate r: each replicated (sample, figure head)'s organized rows
-    with their residuals scaled and their exponents shifted by the head's change from the
-    reference r0 (`fig`: measure -> (sample, replicate, fig_head)). None where the replicate has
-    no paraproduct (sibling)."""
+    with residuals scaled and exponents shifted by the head's change from the reference r0 (`fig`:
+    measure -> (sample, replicate, fig_head)). None where the replicate has no paraproduct (sibling)."""
     if not np.isfinite(fig["paraproduct_residual"][:, r]).all():
         return None
     out = residuals.copy()
     with np.errstate(divide="ignore", invalid="ignore"):
-        for column, measure in (_SCALED | _SHIFTED).items():
-            if column not in out or measure not in fig:
+        for column in (_SCALED | _SHIFTED) & set(out.columns):
+            measure = _fig_measure(column)
+            if measure not in fig:
                 continue
             v = out[column].to_numpy(dtype=float).copy()
             for i, j, at in figs:
@@ -249,125 +317,183 @@ def _replicate_table(residuals: pd.DataFrame, fig: dict, figs: list, r: int, r0:
     return out
 
 
-def replicate_verdicts(stability_store, entropies: np.ndarray, sparsity, random, fraction: float, residuals,
-                       skipped, natural=None, *, kind: str | None = None, silhouettes=None,
-                       pvalues=None) -> dict[str, list[str]]:
-    """The verdicts of the claims in each replicate analysis of a stability store (docs/method.md
-    §14.4): replicate r has, for each sample with replicates, its replicate r and, for every other
-    sample, the reference. Decided again: sparsity and recurrence (bottom and top; entropies:
-    (samples, units); the network sparsity and its random-tree and natural-order values per sample,
-    from Table 2); the paraproduct, Corollary 1 and smoothness claims (from the residual table
-    `residual_table`; None or `skipped`: none of them), each replicated sample's figure heads'
-    organized rows scaled (residuals) or shifted (exponents) by the head's change in the replicate;
-    and, with the model's `kind` and the reference `silhouettes` and `pvalues` per sample, the
-    diffusion claim, from each replicated sample's replicate diffusion coordinates."""
+def replicate_data(d: ModelData, stability_store) -> list[tuple[ModelData, bool]]:
+    """The model's data in each replicate analysis of a stability store (docs/method.md §14.4):
+    replicate r has, for each sample with replicates, its replicate r and, for every other sample,
+    the reference. Changed: the head entropies, the network sparsity (its ratio to the random trees),
+    the residual table's replicated figure heads (residuals scaled, exponents shifted by the head's
+    change), and the clustering statistic of the replicated samples' diffusion coordinates (against
+    the reference sample's null). Returns (data, has_paraproduct) per replicate."""
     stab = store.read_store(stability_store, require=("head_entropy", "sparsity_ratio"))
     pert = stab["perturbation"].values
     reps = np.flatnonzero(pert != REFERENCE)
     r0 = int(np.flatnonzero(pert == REFERENCE)[0])
-    sets, _ = replicate_sets(stab, entropies)
-    jac = {}
-    for which in ("bottom", "top"):
-        member = bottom_sets(sets, fraction, which)
-        jac[which] = mean_pair_jaccard(member) if entropies.shape[0] > 1 else np.full(sets.shape[0], np.nan)
-    n_units, k = entropies.shape[1], int(bottom_sets(sets[:1], fraction)[0, 0].sum())
-    ratio_rep = stab["sparsity_ratio"].transpose("sample", "replicate").values
+    sets, _ = replicate_sets(stab, d.entropy)
+    ratio = stab["sparsity_ratio"].transpose("sample", "replicate").values
     rows = stab["sample"].values
-    out = {"sparsity": [], "recurrence": [], "top_recurrence": [], "paraproduct": [], "corollary1": [],
-           "smoothness": [], "diffusion": []}
-    figs, fig = None, {}
-    if not skipped and residuals is not None and "paraproduct_residual" in stab:
+    pos = {int(s): i for i, s in enumerate(d.samples)}
+    at = np.array([pos[int(s)] for s in rows])
+    fig, figs = {}, None
+    if d.residuals is not None and not d.para_not_run and "paraproduct_residual" in stab:
         fig = {m: stab[m].transpose("sample", "replicate", "fig_head").values for m in FIG_MEASURES if m in stab}
-        organized = (residuals["order"] == ORGANIZED).to_numpy()
-        # the table's rows of each (replicated sample, figure head)
-        figs = [(i, j, np.flatnonzero(organized & (residuals["sample"] == s).to_numpy()
-                                      & (residuals["layer"] == la).to_numpy() & (residuals["head"] == he).to_numpy()))
+        organized = (d.residuals["order"] == ORGANIZED).to_numpy()
+        figs = [(i, j, np.flatnonzero(organized & (d.residuals["sample"] == s).to_numpy()
+                                      & (d.residuals["layer"] == la).to_numpy()
+                                      & (d.residuals["head"] == he).to_numpy()))
                 for i, s in enumerate(rows)
                 for j, (la, he) in enumerate(zip(stab["fig_layer"].values, stab["fig_head_index"].values))]
         figs = [f for f in figs if f[2].size] or None
-    coords = None
-    if kind is not None and silhouettes is not None and "diffusion_coords" in stab:
-        coords = stab["diffusion_coords"].transpose("sample", "replicate", "unit", "component").values
-        layers = stab["unit_layer"].values
+    coords = (stab["diffusion_coords"].transpose("sample", "replicate", "unit", "component").values
+              if d.clusters and "diffusion_coords" in stab else None)
+    out = []
     for r in reps:
-        s = np.asarray(sparsity, dtype=float).copy()
-        s[rows] = ratio_rep[:, r] * np.asarray(random, dtype=float)[rows]
-        out["sparsity"].append(sparsity_claim("", s, random, natural).verdict)
-        out["recurrence"].append(recurrence_claim("", float(jac["bottom"][r]), n_units, k, [],
-                                                  entropies.shape[0]).verdict)
-        out["top_recurrence"].append(recurrence_claim("", float(jac["top"][r]), n_units, k, [], entropies.shape[0],
-                                                      which="top").verdict)
+        s = d.sparsity.copy()
+        s[at] = ratio[:, r] * d.random[at]
+        clusters = d.clusters
         if coords is not None:
-            sil, pval = np.asarray(silhouettes, dtype=float).copy(), np.asarray(pvalues, dtype=float).copy()
-            for i, smp in enumerate(rows):  # the reference's shuffles (diffusion_silhouettes)
-                sil[smp], pval[smp] = layer_silhouette_test(coords[i, r], layers,
-                                                            rng=np.random.default_rng([DIFFUSION_SEED, int(smp)]))
-            out["diffusion"].append(diffusion_claim("", kind, sil, pval).verdict)
-        table = _replicate_table(residuals, fig, figs, r, r0) if figs is not None else None
-        if table is None:  # sibling: no paraproduct replicate
-            continue
-        out["paraproduct"].append(paraproduct_claim("", table).verdict)
-        if "corollary1_residual" in table and "corollary1_residual" in fig:
-            out["corollary1"].append(corollary1_claim("", table).verdict)
-        if {"alpha_softmax", "alpha_residual"} <= set(table.columns) and {"alpha_softmax", "alpha_residual"} <= set(fig):
-            out["smoothness"].append(smoothness_claim("", table).verdict)
+            clusters = list(d.clusters)
+            for i, p in enumerate(at):
+                ref: ClusterTest = d.clusters[p]
+                stat = float(best_silhouette(coords[i, r], rng=np.random.default_rng([d.samples[p], int(r)])))
+                sd = float(ref.null.std(ddof=1)) if ref.null.size > 1 else float("nan")
+                z = (stat - float(ref.null.mean())) / sd if sd > 0 else float("nan")
+                clusters[p] = ClusterTest(stat, ref.null, z, float((1 + np.sum(ref.null >= stat)) / (1 + ref.null.size)))
+            clusters = tuple(clusters)
+        table = _replicate_residuals(d.residuals, fig, figs, int(r), r0) if figs is not None else None
+        out.append((replace(d, entropy=sets[r], sparsity=s, clusters=clusters,
+                            residuals=table if table is not None else d.residuals), table is not None))
     return out
 
 
-def prune_not_run(kind: str) -> str:
-    """Why the prune stage did not run for a model of `kind`: its kind holds no model whose heads
-    can be masked, or the config's prune.enabled."""
-    if not adapter_for(kind).prunes:
-        return f"kind {kind} holds no model to mask"
-    return "prune.enabled: false"
+# -- the page ---------------------------------------------------------------------------------------
+def _masked_other(d: ModelData, other_store, other_decomposed, settings: Settings) -> ModelData | None:
+    """The model's data with the measures of the 3-D expansions taken under the other masked rule
+    (its entropy store and decomposed stores), or None without them."""
+    if other_store is None:
+        return None
+    m = _entropy_measures(other_store)
+    decomposed = [other_decomposed] if isinstance(other_decomposed, (str, Path)) else list(other_decomposed or ())
+    clusters, not_run = _clusters(decomposed, settings, d.name) if decomposed else (d.clusters, d.diffusion_not_run)
+    return replace(d, entropy=m["entropy"], amplitude=m["amplitude"], sparsity=m["sparsity"], random=m["random"],
+                   natural=m["natural"], network_entropy=m["network_entropy"], scale_free=m["scale_free"],
+                   clusters=clusters, diffusion_not_run=not_run)
 
 
-def _masked_said(claims: list, attrs: dict) -> list:
-    """The claims measured on the Haar expansions (sparsity, Table 2) say how the model's masked
-    scores entered them, where the analysis set any (docs/method.md §9.5)."""
-    n = int(attrs.get("masked_filled", 0))
-    if not n:
-        return claims
-    said = f"; the {n} masked scores set per row to the row's allowed mean (extract.masked: row_mean)"
-    on_expansions = {CLAIMS["sparsity"], CLAIMS["table2"]}
-    return [replace(c, measured=c.measured + said) if c.claim in on_expansions and c.verdict != NOT_RUN else c
-            for c in claims]
+def _halves(n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The first and second half of n samples (the first has the extra one); None below 4."""
+    if n < 4:
+        return None
+    h = (n + 1) // 2
+    return np.arange(h), np.arange(h, n)
 
 
-def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
-    """One Markdown page: the claims table first, then training metrics and every model's tables.
+def _replication(final: list, multipliers: dict, datas: dict, settings: Settings, others: dict,
+                 stability: dict) -> list:
+    """The final rows with their replication columns: split halves, numerical replicates, the other
+    masked rule (docs/method.md §13.7)."""
+    by_row = {}
+
+    def note(kind, verdicts):
+        for k, v in verdicts.items():
+            by_row.setdefault(k, {}).setdefault(kind, []).append(v)
+
+    halves_data, alt_data = {}, {}
+    for name, d in datas.items():
+        split = _halves(d.samples.size)
+        if split is not None:
+            halves_data[name] = [subset(d, idx) for idx in split]
+            for part in halves_data[name]:
+                note("half", redecide(model_rows(part, settings), multipliers))
+        if stability.get(name):
+            for rep, has_para in replicate_data(d, stability[name]):
+                keys = None if has_para else [k for k in CLAIMS if k not in APPROXIMATIONS and k != "smoothness"]
+                note("replicate", redecide(model_rows(rep, settings, keys), multipliers))
+        alt = others.get(name)
+        if alt is not None:
+            alt_data[name] = alt
+            note("masked", redecide(model_rows(alt, settings, MASKED_KEYS), multipliers))
+    # the cross-model row on halves and under the other rule
+    table2 = {n: (d.kind, d.network_entropy, d.scale_free) for n, d in datas.items()}
+    if halves_data and len(halves_data) == len(datas):
+        for i in range(2):
+            note("half", redecide(table2_order_rows({n: (h[i].kind, h[i].network_entropy, h[i].scale_free)
+                                                     for n, h in halves_data.items()}, n_boot=settings.bootstrap,
+                                                    seed=settings.seed), multipliers))
+    if alt_data:
+        note("masked", redecide(table2_order_rows({**table2, **{n: (a.kind, a.network_entropy, a.scale_free)
+                                                                for n, a in alt_data.items()}},
+                                                  n_boot=settings.bootstrap, seed=settings.seed), multipliers))
+    out = []
+    for c in final:
+        mine = by_row.get((c.key, c.model, c.baseline), {})
+        if c.verdict in (NOT_RUN, REPORTED):
+            out.append(c)
+            continue
+        pruning = c.key.startswith("pruning")
+        half = ("not applicable: one ablation run" if pruning else
+                verdict_text(c.verdict, mine.get("half", []), "halves of the samples") or "too few samples to split")
+        robust = ("not replicated: one ablation run" if pruning else
+                  verdict_text(c.verdict, mine.get("replicate", []), "numerical replicates") or "not replicated")
+        rule, other = "", ""
+        models = c.model.split(" vs ")
+        rules = {datas[m].masked_rule for m in models if m in datas and datas[m].masked_rule}
+        if c.key in MASKED_KEYS and rules:
+            rule = ", ".join(sorted(rules))
+            if mine.get("masked"):
+                v = mine["masked"][0]
+                names = sorted({_other_rule(r) for r in rules})
+                other = f"{'/'.join(names)}: {v} ({'same verdict' if v == c.verdict else 'the verdict flips'})"
+            else:
+                other = "not run (claims.both_masked: false)"
+        out.append(replace(c, split_half=half, numerically_robust=robust, masked_rule=rule, other_masked_rule=other))
+    return out
+
+
+def _other_rule(rule: str) -> str:
+    return "keep" if rule == "row_mean" else "row_mean"
+
+
+def summary(kinds: dict, inputs: dict, outs: dict, fraction: float, claims: dict | None = None) -> None:
+    """One Markdown page: the claims first (docs/method.md §13), then training metrics and every
+    model's tables.
 
     kinds: model name -> kind, in config order. inputs: paths named "<key>_<model>", keys
-    `metrics` (trained models), `table1`..`table4` (Markdown; 3-4 when prune ran),
-    `table1csv`, `table2csv`, `table3csv` and `curves` (the prune stage's, when prune ran),
-    `entropy` (store), `temperature` (the temperature figure's JSON) and `temperaturecsv` (its
-    curves), `theorem1` (the every-head Theorem 1 table, optional) and `theorem1curves` (its curves, optional), `decomposed` (the decomposed
-    stores, a list), `stability` (store) and `stabilitymd` (its table) where the model has a
-    `stability` section. outs: `md`, and the claims table as `claims_csv` and `claims_rst`
-    (reStructuredText, the report's opening page).
+    `metrics` (trained models), `table1`..`table4` (Markdown; 3-4 when prune ran), `table1csv`,
+    `table3csv`, `curves` and `bottom` (the prune stage's, when prune ran), `entropy` (store),
+    `temperature` (the temperature figure's JSON) and `temperaturecsv` (its curves), `theorem1`
+    (the every-head Theorem 1 table, optional) and `theorem1curves` (its curves, optional),
+    `decomposed` (the decomposed stores, a list), `stability` (store) and `stabilitymd` (its table)
+    where the model has a `stability` section, `maskedentropy` and `maskeddecomposed` (the other
+    masked rule's entropy store and decomposed stores, where it ran). claims: the config's `claims`
+    section (bootstrap, permutations, null_draws, seed). outs: `md`, and the claims table as
+    `claims_csv` and `claims_rst` (reStructuredText, the report's opening page).
     """
-    claims, entropies = [], {}
-    for name, kind in kinds.items():
-        decomposed = inputs.get(f"decomposed_{name}", ())
-        decomposed = [decomposed] if isinstance(decomposed, (str, Path)) else list(decomposed)
-        mine = model_claims(name, kind, inputs[f"entropy_{name}"], inputs[f"table1csv_{name}"],
-                            inputs[f"table2csv_{name}"], inputs[f"temperature_{name}"],
-                            inputs.get(f"table3csv_{name}"), fraction, inputs.get(f"stability_{name}"),
-                            temperature_csv=inputs.get(f"temperaturecsv_{name}"),
-                            theorem1_csv=inputs.get(f"theorem1_{name}"), curves_csv=inputs.get(f"curves_{name}"),
-                            decomposed_stores=decomposed, theorem1_curves_csv=inputs.get(f"theorem1curves_{name}"))
-        claims += _masked_said(mine, store.read_store(inputs[f"entropy_{name}"], lazy=True).attrs)
-        t2 = pd.read_csv(inputs[f"table2csv_{name}"])
-        entropies[name] = (kind, t2["network_entropy"].to_numpy(),
-                           t2["network_entropy_scale_free"].to_numpy() if "network_entropy_scale_free" in t2 else None)
-    across = table2_order_claim(entropies, paper=paper_number("table2_order", "*"))
-    claims += [across] if across is not None else []
-    # grouped by claim in the order of CLAIMS, models in config order
-    order = list(CLAIMS.values())
-    claims.sort(key=lambda c: order.index(c.claim))
-    store.atomic_write_text(outs["claims_csv"], pd.DataFrame(claims_records(claims)).to_csv(index=False))
-    store.atomic_write_text(outs["claims_rst"], claims_rst(claims))
-    lines = ["# oattn results\n", "## The paper's claims, as measured here\n", claims_markdown(claims)]
+    c = dict(claims or {})
+    settings = Settings(fraction=fraction, bootstrap=int(c.get("bootstrap", 2000)),
+                        permutations=int(c.get("permutations", 9999)), null_draws=int(c.get("null_draws", 99)),
+                        seed=int(c.get("seed", 0)))
+    datas = {name: load_model_data(name, kind, inputs, settings) for name, kind in kinds.items()}
+    rows = []
+    for d in datas.values():
+        rows += model_rows(d, settings)
+    rows += table2_order_rows({n: (d.kind, d.network_entropy, d.scale_free) for n, d in datas.items()},
+                              paper=paper_number("table2_order", "*"), n_boot=settings.bootstrap, seed=settings.seed)
+    order = list(CLAIMS)
+    rows.sort(key=lambda r: order.index(r.key))           # stable: models in config order within a claim
+    final, multipliers = finalize(rows)
+    others = {name: _masked_other(d, inputs.get(f"maskedentropy_{name}"), inputs.get(f"maskeddecomposed_{name}"),
+                                  settings) for name, d in datas.items()}
+    stability = {name: inputs.get(f"stability_{name}") for name in datas}
+    final = _replication(final, multipliers, datas, settings, {k: v for k, v in others.items() if v is not None},
+                         stability)
+    store.atomic_write_text(outs["claims_csv"], pd.DataFrame(claims_records(final)).to_csv(index=False))
+    store.atomic_write_text(outs["claims_rst"], claims_rst(final))
+    n_tests = sum(1 for r in final if r.test is not None)
+    samples = ", ".join(f"{n} {d.samples.size}" for n, d in datas.items())
+    lines = ["# oattn results\n", "## The paper's claims, as measured here\n",
+             f"{n_tests} tests, Holm-corrected together; samples per model: {samples} (the paper used 10 per model "
+             "and 6 for Table 1; fewer samples widen every interval and raise every mde).\n",
+             claims_markdown(final)]
     for name in kinds:
         path = inputs.get(f"metrics_{name}")
         m = json.loads(Path(path).read_text()) if path else {}
@@ -387,4 +513,5 @@ def summary(kinds: dict, inputs: dict, outs: dict, fraction: float) -> None:
         if f"stabilitymd_{name}" in inputs:
             lines.append(f"### Stability (docs/method.md §14)\n\n{Path(inputs[f'stabilitymd_{name}']).read_text()}\n")
     store.atomic_write_text(outs["md"], "\n".join(lines))
-    log.info("claims: %s", "; ".join(f"{c.model}: {c.verdict}" for c in claims))
+    counts = pd.Series([r.verdict for r in final if r.test is not None or r.verdict != REPORTED]).value_counts()
+    log.info("claims: %d rows, %d tests; %s", len(final), n_tests, ", ".join(f"{v} {n}" for v, n in counts.items()))

@@ -588,7 +588,6 @@ def summary_inputs(wildcards):
         inputs[f"table1_{name}"] = f"{R}/{name}/tables/table1.md"
         inputs[f"table2_{name}"] = f"{R}/{name}/tables/table2.md"
         inputs[f"table1csv_{name}"] = f"{R}/{name}/tables/table1.csv"
-        inputs[f"table2csv_{name}"] = f"{R}/{name}/tables/table2.csv"
         inputs[f"entropy_{name}"] = ENTROPY.format(model=name)
         inputs[f"temperature_{name}"] = f"{R}/{name}/figures/temperature.json"
         inputs[f"theorem1_{name}"] = f"{R}/{name}/figures/theorem1.csv"
@@ -599,11 +598,15 @@ def summary_inputs(wildcards):
         if name in STABLE:
             inputs[f"stability_{name}"] = STABILITY.format(model=name)
             inputs[f"stabilitymd_{name}"] = f"{R}/{name}/tables/stability.md"
+        if name in MASKED_OTHER:  # the claims on the expansions under the other masked rule too
+            inputs[f"maskedentropy_{name}"] = masked_other_paths(MASKED_OTHER_ENTROPY, name)
+            inputs[f"maskeddecomposed_{name}"] = masked_other_paths(MASKED_OTHER_DECOMPOSED, name)
         if name in PRUNED:
             inputs[f"table3_{name}"] = f"{R}/{name}/tables/table3.md"
             inputs[f"table4_{name}"] = f"{R}/{name}/tables/table4.md"
             inputs[f"table3csv_{name}"] = f"{R}/{name}/tables/table3.csv"
             inputs[f"curves_{name}"] = f"{R}/{name}/prune/curves.csv"
+            inputs[f"bottom_{name}"] = f"{R}/{name}/prune/bottom.csv"
     return inputs
 
 

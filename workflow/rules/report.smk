@@ -21,6 +21,7 @@ rule summary:
     params:
         kinds={name: m["kind"] for name, m in MODELS.items()},
         fraction=config["entropy"]["fraction"],
+        claims=config["claims"],
         code=code_version("summary"),
     script:
         "../../scripts/summary.py"
