@@ -252,11 +252,16 @@ def test_corollary1_is_the_papers_sum_of_mixed_terms(shape):
     np.testing.assert_allclose(ap.true_z[k], _corollary1_reference(f, cross=False), rtol=1e-10, atol=1e-13)
 
 
+def _masked_case(n: int, m: int):
+    """A head of n x m, a causal-like mask with a row that allows nothing, and random orders."""
+    f = 0.5 * np.random.default_rng(6).normal(size=(n, m))
+    allowed = np.tril(np.ones((n, m), dtype=bool), k=1)
+    allowed[4] = False
+    return f, allowed, np.random.default_rng(0).permutation(n), np.random.default_rng(1).permutation(m)
+
+
 def test_corollary1_masked_and_reordered_is_the_papers_sum_of_mixed_terms():
-    f = 0.5 * np.random.default_rng(6).normal(size=(7, 5))
-    allowed = np.tril(np.ones((7, 5), dtype=bool), k=1)
-    allowed[4] = False                                           # a row with nothing allowed
-    r, c = np.random.default_rng(0).permutation(7), np.random.default_rng(1).permutation(5)
+    f, allowed, r, c = _masked_case(7, 5)
     got = corollary1(f, r, c, allowed=allowed)
     org, org_allowed = f[r][:, c], allowed[r][:, c]
     np.testing.assert_allclose(got.approximation, _corollary1_reference(org, org_allowed), rtol=1e-10, atol=1e-13)
@@ -304,10 +309,7 @@ def test_taylor_corollary1_matches_term_by_term_reference(shape):
 
 
 def test_taylor_corollary1_masked_matches_reference():
-    f = 0.5 * np.random.default_rng(6).normal(size=(11, 13))
-    allowed = np.tril(np.ones((11, 13), dtype=bool), k=1)
-    allowed[4] = False                                           # a row with nothing allowed
-    r, c = np.random.default_rng(0).permutation(11), np.random.default_rng(1).permutation(13)
+    f, allowed, r, c = _masked_case(11, 13)
     got = taylor_corollary1(f, r, c, allowed=allowed)
     org_allowed = allowed[r][:, c]
     np.testing.assert_allclose(got.approximation, _taylor_reference(f[r][:, c], org_allowed),
