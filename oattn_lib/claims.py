@@ -264,7 +264,6 @@ class Claim:
     mde: float = float("nan")
     margin: float = float("nan")
     fail_below: float = float("nan")
-    p_min: float = 0.0
     masked_rule: str = ""
     other_masked_rule: str = ""
     numerically_robust: str = ""
@@ -290,7 +289,7 @@ def _claim(key: str, model: str, baseline: str, measured: str, paper: str = "", 
     if test is None:
         return c
     return replace(c, test=test, effect=test.effect, ci_low=test.ci_low, ci_high=test.ci_high, p=test.p,
-                   unit=test.unit, n_units=test.n_units, margin=test.margin, p_min=test.p_min,
+                   unit=test.unit, n_units=test.n_units, margin=test.margin,
                    fail_below=test.margin if fail_below is None else fail_below)
 
 

@@ -12,13 +12,12 @@ adjusted p-value (`verdict`). Nothing here knows what a claim is: `claims` build
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import comb
 
 import numpy as np
 import pandas as pd
 
 __all__ = ["ALPHA", "CLIP", "MIN_UNITS", "POWER", "Test", "bootstrap_interval", "exact_or_mc_test", "holm",
-           "holm_multipliers", "n_subsets", "one_sample_test", "permutation_p", "two_sample_test", "unit_values",
+           "holm_multipliers", "one_sample_test", "permutation_p", "two_sample_test", "unit_values",
            "with_mde"]
 
 ALPHA = 0.05
@@ -232,7 +231,3 @@ def with_mde(test: Test, m: int) -> Test:
     df = test.df if np.isfinite(test.df) else test.n_units - 1
     return replace(test, mde=float(test.margin + (student.ppf(1 - level, df) + student.ppf(POWER, df)) * test.se))
 
-
-def n_subsets(n: int, k: int) -> int:
-    """comb(n, k), the number of k-sets of n items."""
-    return comb(n, k)
