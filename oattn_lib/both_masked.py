@@ -4,7 +4,9 @@ Planning: read from the completed config when the workflow starts (no torch, not
 analysis under the second rule is the stage `stages.masked_other`'s."""
 from __future__ import annotations
 
-__all__ = ["OTHER_RULE", "other_rule", "both_masked_models"]
+from .config import batch_jobs
+
+__all__ = ["OTHER_RULE", "other_rule", "both_masked_models", "masked_other_jobs"]
 
 OTHER_RULE = {"row_mean": "keep", "keep": "row_mean"}
 """Each rule of `extract.masked` (`stages.common.MASKED`) and the other one."""
@@ -47,3 +49,9 @@ def both_masked_models(config: dict) -> dict[str, str]:
         return {}
     return {m["name"]: other_rule(m["extract"]["masked"]) for m in config["models"]
             if m["extract"]["quantity"] == "scores"}
+
+
+def masked_other_jobs(samples_by_model: dict) -> list[tuple[str, str, list[int]]]:
+    """The jobs of the analysis under the other rule: one per model, all its samples
+    (`config.batch_jobs` with no cut), as `(suffix, model, samples)` for {model: sample indices}."""
+    return batch_jobs(samples_by_model, max([len(list(v)) for v in samples_by_model.values()] or [1]))

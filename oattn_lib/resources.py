@@ -57,7 +57,7 @@ __all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "larges
            "memory_mb", "stored_heads", "HeadJob", "HEAD_JOBS", "theorem1_head_samples", "head_job_memory_mb",
            "head_job_runtime_minutes",
            "runtime_minutes", "ModelJob", "MODEL_JOBS", "EVAL_BUDGET_MB", "parameter_count", "model_job_features",
-           "model_job_memory_mb", "model_job_runtime_minutes", "prune_passes", "model_files", "PrepareJob",
+           "model_job_memory_mb", "model_job_runtime_minutes", "prune_passes", "chained", "model_files", "PrepareJob",
            "PREPARE_JOB", "prepare_memory_mb"]
 
 GROWTH = 1.5
@@ -421,14 +421,17 @@ def model_job_features(rule: str, model: dict, model_dir: str | os.PathLike, pru
     return {"weights_mb": params * 4 / 1e6, "attention_mb": network, "logits_mb": logits, "network_mb": network}
 
 
-def prune_passes(prune: dict, units: int | None = None, fraction: float = 0.1) -> int:
+def prune_passes(prune: dict, model: dict | None = None, fraction: float = 0.1) -> int:
     """Masked forward passes of a prune job, as planned: (5 rankings + random_seeds orders) x
-    mask sizes (0 to 100% in fraction_step) x held-out windows, and with the model's number of
-    `units` (heads) the bottom test's null sets (docs/method.md §11.5) x windows: every set of
-    round(fraction x units) heads where there are at most bottom_exact_max, else
-    bottom_random_sets."""
+    mask sizes (0 to 100% in fraction_step) x held-out windows, and where the config entry `model`
+    tells its heads (`config.n_units`) the bottom test's null sets (docs/method.md §11.5) x
+    windows: every set of round(fraction x heads) heads where there are at most
+    bottom_exact_max, else bottom_random_sets."""
+    from .config import n_units
     from .entropy import n_extreme
 
+    shape = n_units(model) if model is not None else None
+    units = shape[0] * shape[1] if shape else None
     step = float(prune.get("fraction_step", 0.1))
     sizes = int(math.floor(1.0 / step + 1e-9)) + 1
     windows = int((prune.get("held_out") or {}).get("hf_windows", 1))
@@ -438,6 +441,19 @@ def prune_passes(prune: dict, units: int | None = None, fraction: float = 0.1) -
         exact = total <= int(prune.get("bottom_exact_max", 100000))
         passes += (total if exact else int(prune.get("bottom_random_sets", 199))) * windows
     return passes
+
+
+def chained(parts: list[dict]) -> dict:
+    """`mem_mb` and `runtime` of a job that runs stages one after another (their Snakemake resource
+    callables `parts`, each {"mem_mb": f, "runtime": f} of (wildcards, input, attempt)): the most
+    memory of any, the sum of their times."""
+    def mem_mb(wildcards, input, attempt):
+        return max(p["mem_mb"](wildcards, input, attempt) for p in parts)
+
+    def runtime(wildcards, input, attempt):
+        return sum(p["runtime"](wildcards, input, attempt) for p in parts)
+
+    return {"mem_mb": mem_mb, "runtime": runtime}
 
 
 def _model_job(rule: str) -> ModelJob:

@@ -133,3 +133,11 @@ def test_the_rule_is_planned_for_the_scores_model_only(tmp_path):
     for s in (0, 1):
         assert f"results/txl/masked_keep/decomposed/sample{s}.zarr/zarr.json" in out
     assert "results/txl/masked_keep/entropy.zarr/zarr.json" in out and "results/lm/" not in out
+
+
+def test_the_other_rule_is_one_job_per_model_with_every_sample():
+    from oattn_lib.both_masked import masked_other_jobs
+
+    jobs = masked_other_jobs({"txl-tiny": range(10), "a.b": [0, 1]})
+    assert jobs == [("txl_tiny", "txl-tiny", list(range(10))), ("a_b", "a.b", [0, 1])]
+    assert masked_other_jobs({}) == []

@@ -319,10 +319,19 @@ def test_prune_passes_count_rankings_mask_sizes_and_windows():
     assert resources.prune_passes({"fraction_step": 0.2, "random_seeds": 3, "held_out": {"hf_windows": 4}}) == 192
     assert resources.prune_passes({"fraction_step": 0.1, "random_seeds": 5, "held_out": {"hf_windows": 1}}) == 110
     # the bottom test's null: every set of 2 of 16 heads (120), or the random sets of 27 of 270
-    assert resources.prune_passes({"fraction_step": 0.1, "random_seeds": 5}, 16, 0.1) == 110 + 120
+    txl = {"kind": "txl", "arch": {"n_layer": 4, "n_head": 4}}
+    assert resources.prune_passes({"fraction_step": 0.1, "random_seeds": 5}, txl, 0.1) == 110 + 120
+    big = {"kind": "txl", "arch": {"n_layer": 30, "n_head": 9}}
     assert resources.prune_passes({"fraction_step": 0.2, "random_seeds": 3, "held_out": {"hf_windows": 4},
-                                   "bottom_random_sets": 19}, 270, 0.1) == 192 + 19 * 4
+                                   "bottom_random_sets": 19}, big, 0.1) == 192 + 19 * 4
+    assert resources.prune_passes({"fraction_step": 0.2, "random_seeds": 3, "held_out": {"hf_windows": 4}}) == 192
     first = resources.model_job_runtime_minutes("prune", {"network_mb": 1132.0}, 192)
     assert resources.model_job_runtime_minutes("prune", {"network_mb": 1132.0}, 192, attempt=2) > first
     with pytest.raises(ValueError, match="no resource model"):
         resources.model_job_memory_mb("train", {"weights_mb": 1.0, "attention_mb": 0, "logits_mb": 0})
+
+
+def test_a_chained_job_asks_the_most_memory_and_the_sum_of_the_times():
+    parts = [{"mem_mb": lambda w, i, a, m=m: m * a, "runtime": lambda w, i, a, t=t: t} for m, t in ((100, 5), (300, 7))]
+    both = resources.chained(parts)
+    assert both["mem_mb"](None, None, 2) == 600 and both["runtime"](None, None, 1) == 12

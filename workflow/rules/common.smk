@@ -10,13 +10,12 @@ import os
 import re
 
 from oattn_lib import fingerprint, softmax_free
-from oattn_lib.both_masked import both_masked_models
+from oattn_lib.both_masked import both_masked_models, masked_other_jobs
 from oattn_lib import resources as oattn_resources
 from oattn_lib.config import (
     batch_jobs,
     batched_samples,
     explorer_parts,
-    n_units,
     prune_settings,
     shown_samples,
     stability_samples,
@@ -183,19 +182,12 @@ def batch_resources(name, indices, resources):
 KERNELS = f"{R}/kernels/numba.json"
 
 
-# -- the other rule for masked entries (masked_other.smk) ----------------------------------
-# the config's models analysed under the other extract.masked rule too (claims.both_masked; every
-# model analysing scores, oattn_lib.both_masked): {model: that rule}. One job per model
-# (masked_other_batch_<model>) organizes, decomposes and takes the entropies of all its samples
-# under it, into results/<model>/masked_<rule>/; the claims read its entropy and decomposed stores
+# -- the other rule for masked entries (masked_other.smk, oattn_lib.both_masked) ----------
 MASKED_OTHER = both_masked_models(config)
 MASKED_OTHER_ORGANIZED = store(f"{R}/{{model}}/masked_{{masked}}/organized/sample{{sample}}.zarr")
 MASKED_OTHER_DECOMPOSED = store(f"{R}/{{model}}/masked_{{masked}}/decomposed/sample{{sample}}.zarr")
 MASKED_OTHER_ENTROPY = store(f"{R}/{{model}}/masked_{{masked}}/entropy.zarr")
-# (suffix, model, samples) of each model's one job: its rule's name, its samples
-MASKED_OTHER_JOBS = batch_jobs(
-    {n: samples(n) for n in MASKED_OTHER}, max([len(samples(n)) for n in MASKED_OTHER] or [1])
-)
+MASKED_OTHER_JOBS = masked_other_jobs({n: samples(n) for n in MASKED_OTHER})
 
 
 def masked_other_paths(pattern, name):
@@ -390,12 +382,8 @@ def model_job_resources(stage):
         if f is None:
             return int(GPU_RESOURCES["runtime"] * oattn_resources.GROWTH ** (attempt - 1))
         if stage == "prune":
-            units = n_units(ANALYSED[wildcards.model])
-            work = oattn_resources.prune_passes(
-                PRUNE[wildcards.model],
-                units[0] * units[1] if units else None,
-                config["entropy"]["fraction"],
-            )
+            m = wildcards.model
+            work = oattn_resources.prune_passes(PRUNE[m], ANALYSED[m], config["entropy"]["fraction"])
         else:
             work = len(job_samples(wildcards))
         return oattn_resources.model_job_runtime_minutes(stage, f, work, attempt)
@@ -445,21 +433,6 @@ def analysis_resources(stage):
             attempt,
             oattn_resources.largest_head_mb(input),
         )
-
-    return {"mem_mb": mem_mb, "runtime": runtime}
-
-
-def chained_resources(stages):
-    """`mem_mb` and `runtime` of a job that runs the analysis `stages` one after another on the same
-    inputs (masked_other: organize, decompose, entropy): the most memory of any, the sum of their
-    times (`analysis_resources` of each)."""
-    parts = [analysis_resources(s) for s in stages]
-
-    def mem_mb(wildcards, input, attempt):
-        return max(p["mem_mb"](wildcards, input, attempt) for p in parts)
-
-    def runtime(wildcards, input, attempt):
-        return sum(p["runtime"](wildcards, input, attempt) for p in parts)
 
     return {"mem_mb": mem_mb, "runtime": runtime}
 

@@ -28,7 +28,11 @@ for _suffix, _name, _samples in MASKED_OTHER_JOBS:
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            **batch_resources(_name, _samples, chained_resources(("organize", "decompose", "entropy"))),
+            **batch_resources(
+                _name,
+                _samples,
+                oattn_resources.chained([analysis_resources(s) for s in ("organize", "decompose", "entropy")]),
+            ),
         params:
             analysis=for_model(_name, _samples, masked_other_params),
             device=config["device"],
