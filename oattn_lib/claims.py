@@ -45,7 +45,7 @@ from .clustering import ClusterTest
 from .entropy import n_extreme
 from .inference import (ALPHA, CLIP, MIN_UNITS, Test, exact_or_mc_test, holm, holm_multipliers, one_sample_test,
                         permutation_p, two_sample_test, unit_values, with_mde)
-from .stability import bottom_sets, mean_pair_jaccard
+from .stability import bottom_sets, distinct_pair_jaccard, mean_pair_jaccard
 
 __all__ = ["APPROXIMATIONS", "CLAIMS", "COLUMNS", "HOLDS", "INCONCLUSIVE", "NOT_HERE", "NOT_RUN", "PREMISE_NOT_MET",
            "QUOTES", "REPORTED", "RULES", "RULES_TEXT", "Claim", "approximation_rows", "chance_jaccard",
@@ -369,21 +369,6 @@ def recurrence_null(n_samples: int, n_units: int, k: int, permutations: int, see
     return out
 
 
-def _pair_bootstrap(member: np.ndarray, n_boot: int, rng) -> np.ndarray:
-    """Mean Jaccard index over the pairs of distinct samples of each bootstrap draw of the samples
-    (a sample paired with its own copy would be perfect recurrence; docs/method.md §14.3)."""
-    m = member.astype(np.float64)
-    inter = m @ m.T
-    size = m.sum(1)
-    jac = inter / (size[:, None] + size[None, :] - inter)
-    s = member.shape[0]
-    idx = rng.integers(0, s, size=(n_boot, s))
-    j = jac[idx[:, :, None], idx[:, None, :]]
-    keep = (idx[:, :, None] != idx[:, None, :]) & np.triu(np.ones((s, s), dtype=bool), 1)[None]
-    with np.errstate(invalid="ignore"):
-        return np.where(keep, j, 0.0).sum((1, 2)) / keep.sum((1, 2))
-
-
 def _amplitude_residual(entropies: np.ndarray, amplitude: np.ndarray) -> np.ndarray:
     """Each sample's log entropy minus its least-squares fit on the log amplitude across the heads:
     what entropy says of a head beyond its size (samples, units)."""
@@ -407,7 +392,7 @@ def _spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _recurrence_test(member: np.ndarray, null: np.ndarray, chance: float, n_boot: int, rng, margin: float) -> Test:
     j = float(mean_pair_jaccard(member))
-    boot = _pair_bootstrap(member, n_boot, rng) - chance
+    boot = distinct_pair_jaccard(member, rng.integers(0, member.shape[0], size=(n_boot, member.shape[0]))) - chance
     boot = boot[np.isfinite(boot)]
     lo, hi = (float(q) for q in np.quantile(boot, [0.025, 0.975])) if boot.size else (float("nan"),) * 2
     levels = np.array([0.5, 0.8, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999, 0.99999])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ClusterTest", "best_silhouette", "cluster_test", "gaussian_like", "silhouettes"]
+__all__ = ["ClusterTest", "against_null", "best_silhouette", "cluster_test", "gaussian_like", "silhouettes"]
 
 MAX_K = 5
 """The largest number of clusters tried (k = 2..MAX_K, fewer for fewer points)."""
@@ -134,16 +134,22 @@ class ClusterTest:
     p: float
 
 
+def against_null(statistic: float, null) -> ClusterTest:
+    """A cloud's `best_silhouette` `statistic` against the same of its null clouds (NaN left out):
+    z and the Monte Carlo p-value of `ClusterTest`; z and p NaN with fewer than two null values."""
+    null = np.asarray(null, dtype=float)
+    null = null[np.isfinite(null)]
+    if not np.isfinite(statistic) or null.size < 2:
+        return ClusterTest(statistic, null, float("nan"), float("nan"))
+    sd = float(null.std(ddof=1))
+    z = (statistic - float(null.mean())) / sd if sd > 0 else float("nan")
+    return ClusterTest(statistic, null, z, float((1 + np.sum(null >= statistic - 1e-12)) / (1 + null.size)))
+
+
 def cluster_test(points, draws: int, rng) -> ClusterTest:
     """`best_silhouette` of `points` (n, d) against `draws` clouds of `gaussian_like` (docs/method.md
     §13.6), all from one generator `rng` (an int, a sequence or a Generator)."""
     rng = np.random.default_rng(rng)
     x = np.asarray(points, dtype=float)
     obs = float(best_silhouette(x, rng=rng))
-    null = best_silhouette(gaussian_like(x, draws, rng), rng=rng)
-    null = null[np.isfinite(null)]
-    if not np.isfinite(obs) or null.size < 2:
-        return ClusterTest(obs, null, float("nan"), float("nan"))
-    sd = float(null.std(ddof=1))
-    z = (obs - float(null.mean())) / sd if sd > 0 else float("nan")
-    return ClusterTest(obs, null, z, float((1 + np.sum(null >= obs - 1e-12)) / (1 + null.size)))
+    return against_null(obs, best_silhouette(gaussian_like(x, draws, rng), rng=rng))

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["PERTURBATIONS", "REFERENCE", "FIG_MEASURES", "replicate_plan", "perturb", "same_folders", "unit_permutation_back",
+__all__ = ["PERTURBATIONS", "REFERENCE", "FIG_MEASURES", "replicate_plan", "distinct_pair_jaccard", "perturb", "same_folders", "unit_permutation_back",
            "head_tree_agreement", "relative_spread", "replicate_sets", "bottom_sets", "mean_pair_jaccard",
            "bootstrap_samples", "recurrence_interval", "stability_summary", "spread_text"]
 
@@ -207,19 +207,26 @@ def bootstrap_samples(entropies: np.ndarray, fraction: float, draws: int, seed: 
     rng = np.random.default_rng(int(seed))
     idx = rng.integers(0, n_s, size=(int(draws), n_s))
     bottom, top = bottom_sets(e, fraction, "bottom"), bottom_sets(e, fraction, "top")
-    m = bottom.astype(np.float64)
-    inter = m @ m.T
-    size = m.sum(1)
-    jac = inter / (size[:, None] + size[None, :] - inter)
-    i, j = np.triu_indices(n_s, 1)
-    a, b = idx[:, i], idx[:, j]  # (draws, pairs)
-    distinct = a != b
-    with np.errstate(invalid="ignore"):
-        rec = np.where(distinct, jac[a, b], 0.0).sum(1) / distinct.sum(1)
-    return {"recurrence": rec,
+    return {"recurrence": distinct_pair_jaccard(bottom, idx),
             "bottom_count": bottom[idx].sum(1).astype(np.int64),
             "top_count": top[idx].sum(1).astype(np.int64),
             "draw_samples": idx}
+
+
+def distinct_pair_jaccard(member: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """For each draw of samples (rows of `draws`, (draws, n) sample indices), the mean Jaccard
+    index of the sets `member` (samples, units) bool over the pairs of drawn samples that are
+    distinct samples: a sample paired with its own copy would count as perfect recurrence
+    (docs/method.md §14.3). (draws,); NaN for a draw of one sample repeated."""
+    m = member.astype(np.float64)
+    inter = m @ m.T
+    size = m.sum(1)
+    jac = inter / (size[:, None] + size[None, :] - inter)
+    i, j = np.triu_indices(draws.shape[1], 1)
+    a, b = draws[:, i], draws[:, j]  # (draws, pairs)
+    distinct = a != b
+    with np.errstate(invalid="ignore"):
+        return np.where(distinct, jac[a, b], 0.0).sum(1) / distinct.sum(1)
 
 
 def recurrence_interval(stab: xr.Dataset) -> tuple[float, float]:

@@ -21,7 +21,7 @@ from ..claims import (APPROXIMATIONS, CLAIMS, NOT_RUN, ORGANIZED, REPORTED, UNIF
                       head_sample_residuals, paper_number,
                       pruning_bottom_row, pruning_row, recurrence_null, recurrence_rows, redecide, smoothness_row,
                       sparsity_rows, table2_order_rows, table2_row, verdict_text)
-from ..clustering import ClusterTest, best_silhouette
+from ..clustering import against_null, best_silhouette
 from ..entropy import n_extreme
 from ..models import adapter_for
 from ..stability import FIG_MEASURES, REFERENCE, replicate_sets
@@ -353,11 +353,8 @@ def replicate_data(d: ModelData, stability_store) -> list[tuple[ModelData, bool]
         if coords is not None:
             clusters = list(d.clusters)
             for i, p in enumerate(at):
-                ref: ClusterTest = d.clusters[p]
                 stat = float(best_silhouette(coords[i, r], rng=np.random.default_rng([d.samples[p], int(r)])))
-                sd = float(ref.null.std(ddof=1)) if ref.null.size > 1 else float("nan")
-                z = (stat - float(ref.null.mean())) / sd if sd > 0 else float("nan")
-                clusters[p] = ClusterTest(stat, ref.null, z, float((1 + np.sum(ref.null >= stat)) / (1 + ref.null.size)))
+                clusters[p] = against_null(stat, d.clusters[p].null)
             clusters = tuple(clusters)
         table = _replicate_residuals(d.residuals, fig, figs, int(r), r0) if figs is not None else None
         out.append((replace(d, entropy=sets[r], sparsity=s, clusters=clusters,
