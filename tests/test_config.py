@@ -12,9 +12,40 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
 
 
+def merged(base: dict, over: dict) -> dict:
+    """`over` merged into `base` as Snakemake merges a --configfile: dicts key by key, the rest
+    (lists such as `models`) replaced whole."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
 @pytest.fixture
 def config():
-    return yaml.safe_load((REPO / "config.yaml").read_text())
+    """The embedded default under workflow/presets/full.yaml: its four models (minilm third,
+    the hf encoder these tests edit)."""
+    return merged(yaml.safe_load((REPO / "config.yaml").read_text()),
+                  yaml.safe_load((REPO / "workflow" / "presets" / "full.yaml").read_text()))
+
+
+def test_the_full_preset_adds_to_the_default_and_changes_only_its_costs():
+    """full.yaml is config.yaml's run with more: every default model is in it with the same
+    data, architecture, training and extraction (only the sampling and ablation settings that
+    cost time may differ), so the full picture is the default's picture, measured further."""
+    default = yaml.safe_load((REPO / "config.yaml").read_text())
+    full = merged(default, yaml.safe_load((REPO / "workflow" / "presets" / "full.yaml").read_text()))
+    validate_config(copy.deepcopy(full), SCHEMA)
+    by_name = {m["name"]: m for m in full["models"]}
+    assert set(by_name) > {m["name"] for m in default["models"]}
+    for m in default["models"]:
+        same = {k: v for k, v in m.items() if k not in ("stability", "prune")}
+        assert {k: by_name[m["name"]].get(k) for k in same} == same, m["name"]
+        for key in ("replicates", "samples"):
+            assert by_name[m["name"]]["stability"][key] >= m["stability"][key]
+    assert full["theorem1"]["samples"] == "all" and full["theorem1"]["max_heads"] >= default["theorem1"]["max_heads"]
+    assert {k: v for k, v in full.items() if k not in ("results", "models", "theorem1")} == \
+        {k: v for k, v in default.items() if k not in ("results", "models", "theorem1")}
 
 
 def test_embedded_default_is_valid_and_gets_defaults(config):
@@ -230,7 +261,7 @@ def test_a_subset_store_needs_only_its_own_model_pruning_off(config):
 
 
 
-@pytest.mark.parametrize("preset", [None, "llm.yaml", "paper.yaml", "test.yaml"])
+@pytest.mark.parametrize("preset", [None, "full.yaml", "llm.yaml", "paper.yaml", "test.yaml"])
 def test_defaults_are_filled_as_snakemake_fills_them(config, preset):
     """`defaults_validator` fills in what Snakemake's `validate(..., set_default=True)` fills in,
     without Snakemake (a notebook, a GPU node without the workflow's packages)."""
