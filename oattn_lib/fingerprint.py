@@ -29,15 +29,22 @@ Snakemake's internals (`snakemake_internals_problems` lists what it relies on).
 
 Every Snakemake invocation fingerprints each rule's script (about 20 of them, sharing most
 modules), so a module's parse, digest and imports are computed once per process for its
-text (an edited file is new text): a dry run spent 4 of its 5 s re-parsing the same modules.
+text (an edited file is new text), and kept on disk between processes (`_DiskMemo`: the
+user's cache directory, keyed by the SHA-256 of the text, so an edited file is a new key and
+nothing goes stale): parsing the library's modules was most of a dry run's time, paid again
+by every Snakemake command a user or a test types.
 """
 from __future__ import annotations
 
 import ast
+import atexit
 import dataclasses
 import hashlib
 import inspect
+import json
 import os
+import sys
+import tempfile
 from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from pathlib import Path
@@ -87,6 +94,74 @@ class _Imports:
     lazy: frozenset[str]
 
 
+class _DiskMemo:
+    """Digests and import sets of module texts, kept between processes in one JSON file of the
+    user's cache directory (`$OATTN_CACHE_DIR`, else `$XDG_CACHE_HOME/oattn`, else
+    `~/.cache/oattn`; one file per Python minor version, whose `ast.dump` it depends on).
+
+    A key is the SHA-256 of what the value is a function of: a text's digest of the text; its
+    imports of the text, the module's name and the list of the library's module files (which
+    names resolve to modules). The file is read once per process and, where this process added
+    entries, merged with its current contents and replaced atomically at exit; a cache that
+    cannot be read or written is ignored (everything is computed, as without it)."""
+
+    def __init__(self) -> None:
+        root = os.environ.get("OATTN_CACHE_DIR") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "oattn")
+        self.path = Path(root) / f"fingerprints-py{sys.version_info[0]}{sys.version_info[1]}.json"
+        self.entries: dict[str, object] | None = None
+        self.added: dict[str, object] = {}
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str):
+        if self.entries is None:
+            self.entries = self._read()
+        return self.entries.get(key)
+
+    def put(self, key: str, value) -> None:
+        if not self.added:
+            atexit.register(self.save)
+        self.entries[key] = self.added[key] = value
+
+    def save(self) -> None:
+        if not self.added:
+            return
+        merged = self._read()
+        if len(merged) > 50_000:  # old texts pile up over many edits: start again
+            merged = {}
+        merged.update(self.added)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".fingerprints-", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(merged, fh)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+        self.added = {}
+
+
+_MEMO = _DiskMemo()
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+@lru_cache(maxsize=16)
+def _module_files(root: str) -> str:
+    """The library's module files under `root` (relative paths, one string): which names
+    resolve to modules, what an import set depends on besides the text."""
+    base = Path(root) / PACKAGE
+    return "\n".join(sorted(str(p.relative_to(root)) for p in base.rglob("*.py")))
+
+
 def _module_imports(root: Path, name: str | None, path: Path) -> _Imports:
     """`_imported_modules` of the file `path`, computed once per text of the file."""
     return _imports_of_text(str(root), name, path.read_text(encoding="utf-8"), str(path))
@@ -94,7 +169,13 @@ def _module_imports(root: Path, name: str | None, path: Path) -> _Imports:
 
 @lru_cache(maxsize=4096)
 def _imports_of_text(root: str, name: str | None, text: str, filename: str) -> _Imports:
-    return _imported_modules(Path(root), name, _parse_text(text, filename))
+    key = "imports:" + _key(root, _module_files(root), name or "", text)
+    hit = _MEMO.get(key)
+    if hit is not None:
+        return _Imports(*(frozenset(v) for v in hit))
+    got = _imported_modules(Path(root), name, _parse_text(text, filename))
+    _MEMO.put(key, [sorted(got.named), sorted(got.parents), sorted(got.lazy)])
+    return got
 
 
 def _imported_modules(root: Path, name: str | None, tree: ast.Module) -> _Imports:
@@ -197,8 +278,13 @@ def _code_digest(path: Path) -> str:
 
 @lru_cache(maxsize=4096)
 def _digest_of_text(text: str) -> str:
-    tree = _strip_docstrings(ast.parse(text))
-    return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
+    key = "digest:" + _key(text)
+    hit = _MEMO.get(key)
+    if hit is None:
+        tree = _strip_docstrings(ast.parse(text))
+        hit = hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
+        _MEMO.put(key, hit)
+    return hit
 
 
 def declared_assets(path: str | os.PathLike) -> list[Path]:

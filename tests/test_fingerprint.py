@@ -319,3 +319,44 @@ def test_code_version_in_a_real_snakemake_run(tmp_path):
     assert "Nothing to be done" in snakemake("-n", "--rerun-triggers", "mtime", "params", "input")
     script.write_text("x = 1\n")
     assert "Nothing to be done" in snakemake("-n")
+
+
+def _fingerprints_in_a_process(project, cache: Path) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    code = ("import json, sys; from pathlib import Path; from oattn_lib.fingerprint import code_fingerprint; "
+            f"p = Path({str(project)!r}); print(json.dumps({{s: code_fingerprint(p / 'scripts' / f'{{s}}.py', p) "
+            "for s in ('organize', 'decompose', 'figures', 'train', 'prepare_data')}))")
+    env = {**os.environ, "OATTN_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_fingerprints_kept_between_processes_are_the_ones_computed(project, tmp_path):
+    """The on-disk memo of module digests and imports (what makes a dry run cheap) gives every
+    later process the fingerprints it would compute itself: an edited module is new text, a new
+    module file changes what an import resolves to, and a corrupt memo is ignored."""
+    cache = tmp_path / "cache"
+    first = _fingerprints_in_a_process(project, cache)
+    assert first == {s: code_fingerprint(project / "scripts" / f"{s}.py", project) for s in first}
+    memo = next(cache.glob("fingerprints-py*.json"))
+    assert len(memo.read_text()) > 1000
+    assert _fingerprints_in_a_process(project, cache) == first  # read back, not recomputed
+    edit(project / "oattn_lib" / "trees.py", "import numpy as np", "import numpy as np\nEDITED = 1")
+    edited = _fingerprints_in_a_process(project, cache)
+    assert edited["organize"] != first["organize"]
+    assert edited == _fingerprints_in_a_process(project, tmp_path / "cache-2")
+    # `from oattn_lib.models import data` names an attribute until a module of that name exists
+    (project / "oattn_lib" / "stages" / "train.py").write_text(
+        (project / "oattn_lib" / "stages" / "train.py").read_text() + "\nfrom oattn_lib.trees import newmod\n")
+    before_new = _fingerprints_in_a_process(project, cache)
+    (project / "oattn_lib" / "trees").mkdir()
+    shutil.move(project / "oattn_lib" / "trees.py", project / "oattn_lib" / "trees" / "__init__.py")
+    (project / "oattn_lib" / "trees" / "newmod.py").write_text("X = 1\n")
+    with_new = _fingerprints_in_a_process(project, cache)
+    assert with_new["train"] != before_new["train"]
+    assert with_new == _fingerprints_in_a_process(project, tmp_path / "empty-cache")
+    memo.write_text("{not json")
+    assert _fingerprints_in_a_process(project, cache) == with_new
