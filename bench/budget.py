@@ -1,0 +1,187 @@
+"""CPU budgets of the default run and of the test suite, held by CI (bench/budget.yaml).
+
+The default run (`make run`) and `make test` must each stay within 10 minutes on a fresh
+2-core machine. bench/budget.yaml records what each costs in CPU-seconds, per stage (a rule,
+summed over its models and samples) and per test module, as measured on a fresh clone; CI
+measures again and fails when
+
+- the total exceeds the recorded total by more than `tolerance` (a budget the whole run must
+  keep), or
+- one part (a stage, a test module) exceeds its record by more than `part_tolerance` and by
+  more than `part_min_s` seconds, after dividing by the machine factor: the median over the
+  recorded parts of at least `part_min_s` of measured / recorded. A machine slower everywhere
+  moves every part and the median with it, so that only the total decides there; a stage that
+  doubles moves alone, and fails on any machine. Parts under `part_min_s` are held by the total.
+- a part appears that the record does not have (and costs at least `part_min_s`): add it with a
+  commit that says why. A recorded part that did not run is reported, not failed.
+
+CPU-seconds, not wall time: they vary less between machines and between runs. The default
+run's come from its jobs' logs (`resources used: ... CPU c s`, written by `runtime.job_usage`
+for the whole job, children included); the suite's from the per-process files the pytest plugin
+tests/cpu_budget.py writes when OATTN_TEST_CPU_DIR is set (per module, CPU of the test process
+and of the processes it waited for; a session fixture's build under `fixture:<name>`).
+
+    python bench/budget.py run results              # check the default run's logs
+    python bench/budget.py test /tmp/cpu            # check a suite run with OATTN_TEST_CPU_DIR=/tmp/cpu
+    python bench/budget.py record run results       # write the measured breakdown into budget.yaml
+    python bench/budget.py record test /tmp/cpu
+
+Raising a budget is a commit that says why (what was added, what it costs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from oattn_lib.runtime import read_job_usage  # noqa: E402
+
+BUDGET = ROOT / "bench" / "budget.yaml"
+# a job's log is logs/<model>/<rule>[_sample<k>|_samples<a>-<b>|_part<k>].log, or logs/<rule>.log
+_SUFFIX = re.compile(r"_(?:sample|part)\d+$|_samples\d+-\d+$")
+DEFAULTS = {"tolerance": 0.25, "part_tolerance": 0.5, "part_min_s": 10.0}
+HEADER = """# CPU budgets, checked by CI with bench/budget.py (its docstring has the rules): the default
+# run's CPU-seconds per stage (rule, summed over models and samples, from its jobs' logs) and the
+# suite's per test module (tests/cpu_budget.py), measured on a fresh clone on 2 cores.
+# tolerance: how far the total may exceed its record; part_tolerance and part_min_s: how far one
+# stage or module may (relative, and in seconds), after the machine factor.
+# Raising a budget is a commit that says why: python bench/budget.py record run|test PATH
+"""
+
+
+def stage_of(log: Path, logs: Path) -> str:
+    """The stage (rule) a job's log belongs to: its file name without the sample suffix."""
+    return _SUFFIX.sub("", log.relative_to(logs).with_suffix("").name)
+
+
+def run_parts(results: Path) -> dict[str, float]:
+    """{stage: CPU-seconds} summed over the job logs under `results`/logs that end with the
+    job's usage line."""
+    logs = Path(results) / "logs"
+    parts: dict[str, float] = {}
+    for log in sorted(logs.rglob("*.log")) if logs.is_dir() else ():
+        usage = read_job_usage(log)
+        if usage is not None:
+            stage = stage_of(log, logs)
+            parts[stage] = parts.get(stage, 0.0) + usage["cpu_s"]
+    if not parts:
+        raise SystemExit(f"{logs}: no job log with a 'resources used' line (run the workflow first)")
+    return parts
+
+
+def test_parts(cpu_dir: Path) -> dict[str, float]:
+    """{test module or fixture:<name>: CPU-seconds} summed over the files the plugin wrote."""
+    files = sorted(Path(cpu_dir).glob("*.json"))
+    if not files:
+        raise SystemExit(f"{cpu_dir}: no per-process CPU file (run pytest with OATTN_TEST_CPU_DIR={cpu_dir})")
+    parts: dict[str, float] = {}
+    for f in files:
+        for name, s in json.loads(f.read_text())["modules"].items():
+            parts[name] = parts.get(name, 0.0) + float(s)
+    return parts
+
+
+def compare(record: dict, measured: dict[str, float]) -> tuple[list[str], list[tuple]]:
+    """The failures (sentences) of `measured` against a section of the budget, and a table of
+    (part, recorded, measured, ratio / machine factor) rows, largest growth first."""
+    rules = {k: float(record.get(k, v)) for k, v in DEFAULTS.items()}
+    recorded = {k: float(v) for k, v in record.get("parts", {}).items()}
+    floor = rules["part_min_s"]
+    ratios = [measured.get(k, 0.0) / v for k, v in recorded.items() if v >= floor and k in measured]
+    factor = min(2.0, max(0.5, statistics.median(ratios))) if ratios else 1.0
+    failures = []
+    total, budget = sum(measured.values()), float(record["total_cpu_s"])
+    if total > budget * (1 + rules["tolerance"]):
+        failures.append(f"total {total:.0f} s of CPU exceeds the budget {budget:.0f} s by more than "
+                        f"{rules['tolerance']:.0%}")
+    rows = []
+    for part in sorted(set(recorded) | set(measured)):
+        rec, got = recorded.get(part), measured.get(part)
+        if rec is None:
+            rows.append((part, None, got, float("inf")))
+            if got >= floor:
+                failures.append(f"{part}: {got:.0f} s of CPU, not in the budget (add it with a commit that "
+                                "says why: bench/budget.py record)")
+            continue
+        if got is None:
+            rows.append((part, rec, None, 0.0))
+            continue
+        rows.append((part, rec, got, got / (rec * factor) if rec > 0 else float("inf")))
+        if got > rec * factor * (1 + rules["part_tolerance"]) and got - rec * factor > floor:
+            failures.append(f"{part}: {got:.0f} s of CPU against {rec:.0f} s recorded ({got / rec:.2f}x; "
+                            f"{got / (rec * factor):.2f}x after the machine factor {factor:.2f})")
+    rows.sort(key=lambda r: -((r[2] or 0.0) - (r[1] or 0.0) * factor))
+    return failures, [("machine factor", factor)] + rows
+
+
+def check(what: str, measured: dict[str, float], budget_path: Path = BUDGET) -> int:
+    budget = yaml.safe_load(budget_path.read_text())
+    if what not in budget:
+        raise SystemExit(f"{budget_path}: no `{what}` section (bench/budget.py record {what} ...)")
+    failures, table = compare(budget[what], measured)
+    print(f"{what}: {sum(measured.values()):.0f} s of CPU against {float(budget[what]['total_cpu_s']):.0f} s "
+          f"budgeted; machine factor {table[0][1]:.2f}")
+    print(f"| {'stage' if what == 'run' else 'test module'} | recorded (s) | measured (s) | ratio / factor |")
+    print("|---|---|---|---|")
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    for part, rec, got, ratio in table[1:]:
+        print(f"| {part} | {f(rec)} | {f(got)} | {'new' if ratio == float('inf') else f'{ratio:.2f}'} |")
+    if failures:
+        print(f"\nover the {what} budget (bench/budget.yaml):\n  " + "\n  ".join(failures))
+        return 1
+    return 0
+
+
+def record(what: str, measured: dict[str, float], budget_path: Path = BUDGET) -> None:
+    """Rewrite the `what` section of the budget with `measured`, keeping its tolerances and the
+    other section."""
+    budget = yaml.safe_load(budget_path.read_text()) if budget_path.is_file() else {}
+    budget = budget or {}
+    old = budget.get(what, {})
+    budget[what] = {**{k: old.get(k, v) for k, v in DEFAULTS.items()},
+                    "total_cpu_s": round(sum(measured.values()), 1),
+                    "parts": {k: round(v, 1) for k, v in sorted(measured.items())}}
+    lines = [HEADER.rstrip("\n")]
+    for section in ("run", "test"):
+        if section not in budget:
+            continue
+        s = budget[section]
+        lines += [f"{section}:", f"  total_cpu_s: {s['total_cpu_s']}"]
+        lines += [f"  {k}: {s[k]}" for k in DEFAULTS]
+        lines.append("  parts:")
+        lines += [f"    {json.dumps(k)}: {v}" for k, v in s["parts"].items()]
+    tmp = budget_path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(budget_path)
+    print(f"{budget_path}: {what} recorded, {sum(measured.values()):.0f} s of CPU; commit it saying why")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("args", nargs="+", help="run RESULTS | test CPU_DIR | record run RESULTS | record test CPU_DIR")
+    ap.add_argument("--budget", type=Path, default=BUDGET)
+    a = ap.parse_args(argv).args
+    rec = a[0] == "record"
+    if rec:
+        a = a[1:]
+    if len(a) != 2 or a[0] not in ("run", "test"):
+        ap.error("expected: run RESULTS | test CPU_DIR | record run RESULTS | record test CPU_DIR")
+    measured = run_parts(Path(a[1])) if a[0] == "run" else test_parts(Path(a[1]))
+    if rec:
+        record(a[0], measured, ap.parse_args(argv).budget)
+        return 0
+    return check(a[0], measured, ap.parse_args(argv).budget)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""pytest plugin: the suite's CPU time per test module, for the budget CI holds (bench/budget.py).
+
+With OATTN_TEST_CPU_DIR set, every process that runs tests (an xdist worker, or pytest itself
+with -n 0) measures the CPU time (user and system) of itself and of the child processes it
+waited for (the Snakemake runs, the jobs' interpreters) around each test's setup, call and
+teardown, adds it to the test's module, and at the end writes
+`$OATTN_TEST_CPU_DIR/<worker>.json` = {"modules": {"tests/test_x.py": s, ...}, "total": s}.
+The build of a session-scoped fixture (the shared workflow run) is counted under
+`fixture:<name>`, not under whichever module happened to ask for it first. Without the
+variable the plugin does nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+from pathlib import Path
+
+import pytest
+
+_DIR = os.environ.get("OATTN_TEST_CPU_DIR")
+_modules: dict[str, float] = {}
+_in_fixture = [0.0]  # CPU of session fixtures built during the current test
+
+
+def _cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+if _DIR:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        _in_fixture[0] = 0.0
+        t0 = _cpu()
+        yield
+        module = item.nodeid.split("::", 1)[0]
+        _modules[module] = _modules.get(module, 0.0) + _cpu() - t0 - _in_fixture[0]
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(fixturedef, request):
+        if fixturedef.scope != "session":
+            yield
+            return
+        t0 = _cpu()
+        yield
+        spent = _cpu() - t0
+        if spent >= 0.1:  # pytest's own session fixtures cost nothing to speak of
+            _in_fixture[0] += spent
+            key = f"fixture:{fixturedef.argname}"
+            _modules[key] = _modules.get(key, 0.0) + spent
+
+    def pytest_sessionfinish(session):
+        if not _modules:  # the xdist controller runs no test
+            return
+        out = Path(_DIR)
+        out.mkdir(parents=True, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        path = out / f"{worker}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"modules": _modules, "total": sum(_modules.values())}, indent=1))
+        tmp.replace(path)

@@ -1,0 +1,135 @@
+"""The CPU budgets CI holds (bench/budget.py): a doubled stage fails on any machine, a uniformly
+slower machine is judged by the total alone, a new stage must be recorded; the pytest plugin
+counts a test's child processes and a session fixture's build apart from its module."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from oattn_lib.runtime import _USAGE
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import budget  # noqa: E402
+
+# a default run's stages (CPU-seconds), as the record holds them
+STAGES = {"train": 200.0, "theorem1": 90.0, "prune": 140.0, "kernels": 35.0, "summary": 20.0, "entropy": 4.0,
+          "organize": 25.0}
+# how a stage's CPU falls on its jobs: per model, per sample, batch jobs (logs/<model>/<rule>*.log)
+JOBS = {"train": ["txl/train", "vit/train"], "theorem1": ["txl/theorem1", "lm/theorem1"],
+        "prune": ["txl/prune", "vit/prune", "lm/prune"], "kernels": ["kernels"], "summary": ["summary"],
+        "entropy": ["txl/entropy"], "organize": ["lm/organize_sample0", "lm/organize_sample1", "vit/organize_samples0-4"]}
+
+
+def fake_run(root: Path, cpu: dict[str, float]) -> Path:
+    """A results/ tree whose job logs end with the usage line runtime writes, each stage's CPU
+    split evenly over its jobs; and a log without that line (a job killed), which counts nothing."""
+    for stage, s in cpu.items():
+        jobs = JOBS.get(stage, [f"txl/{stage}"])
+        for job in jobs:
+            log = root / "logs" / f"{job}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            usage = _USAGE.format(wall_s=s / len(jobs) * 1.1, cpu_s=s / len(jobs), peak_rss_mb=700.0)
+            log.write_text(f"2026-11-28 10:00:00,000 INFO oattn: start-up 3.1 s\n"
+                           f"2026-11-28 10:01:00,000 INFO oattn: {usage}\n")
+    (root / "logs" / "txl" / "extract.log").write_text("2026-11-28 10:00:00,000 INFO oattn: start-up 3.1 s\n")
+    return root
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    path = tmp_path / "budget.yaml"
+    budget.record("run", budget.run_parts(fake_run(tmp_path / "rec", STAGES)), path)
+    return path
+
+
+def check(tmp_path, path, cpu, name="now") -> tuple[int, str]:
+    measured = budget.run_parts(fake_run(tmp_path / name, cpu))
+    from contextlib import redirect_stdout
+    from io import StringIO
+    out = StringIO()
+    with redirect_stdout(out):
+        rc = budget.check("run", measured, path)
+    return rc, out.getvalue()
+
+
+def test_the_stages_are_the_rules_summed_over_models_and_samples(tmp_path):
+    parts = budget.run_parts(fake_run(tmp_path, STAGES))
+    assert parts == pytest.approx(STAGES, abs=0.02)  # the log writes hundredths
+
+
+def test_the_recorded_run_passes_and_a_doubled_stage_fails_naming_it(tmp_path, recorded):
+    assert check(tmp_path, recorded, STAGES)[0] == 0
+    for stage in ("theorem1", "kernels", "summary"):
+        rc, out = check(tmp_path, recorded, {**STAGES, stage: 2 * STAGES[stage]}, name=stage)
+        failures = out.split("over the run budget")[-1]
+        assert rc == 1 and f"{stage}:" in failures, out
+        assert all(f"{s}:" not in failures for s in STAGES if s != stage), out
+    # a stage under part_min_s is held by the total only
+    assert check(tmp_path, recorded, {**STAGES, "entropy": 2 * STAGES["entropy"]}, name="small")[0] == 0
+
+
+def test_a_slower_machine_is_judged_by_the_total_alone(tmp_path, recorded):
+    slower = {k: 1.2 * v for k, v in STAGES.items()}
+    rc, out = check(tmp_path, recorded, slower, name="slower")
+    assert rc == 0 and "machine factor 1.20" in out
+    # a doubled stage on that machine still fails, and alone
+    rc, out = check(tmp_path, recorded, {**slower, "prune": 2.4 * STAGES["prune"]}, name="slower2")
+    failures = out.split("over the run budget")[-1]
+    assert rc == 1 and "prune:" in failures and not any(f"\n  {s}:" in failures for s in STAGES if s != "prune")
+    # 40% more everywhere: the total fails, and no stage for it
+    rc, out = check(tmp_path, recorded, {k: 1.4 * v for k, v in STAGES.items()}, name="everywhere")
+    failures = out.split("over the run budget")[-1]
+    assert rc == 1 and "total" in failures and not any(f"\n  {s}:" in failures for s in STAGES), out
+
+
+def test_a_new_stage_must_be_recorded_and_a_vanished_one_is_reported(tmp_path, recorded):
+    rc, out = check(tmp_path, recorded, {**STAGES, "masked_other": 30.0}, name="new")
+    assert rc == 1 and "masked_other: 30 s of CPU, not in the budget" in out
+    rc, out = check(tmp_path, recorded, {k: v for k, v in STAGES.items() if k != "summary"}, name="gone")
+    assert rc == 0 and "| summary | 20.0 | - |" in out
+    # recorded again, it passes, with the tolerances kept
+    budget.record("run", budget.run_parts(tmp_path / "new"), recorded)
+    assert check(tmp_path, recorded, {**STAGES, "masked_other": 30.0}, name="new2")[0] == 0
+
+
+def test_no_logs_is_an_error_naming_the_directory(tmp_path):
+    with pytest.raises(SystemExit, match=str(tmp_path / "logs")):
+        budget.run_parts(tmp_path)
+
+
+def test_the_plugin_counts_children_and_session_fixtures_apart(tmp_path):
+    """A test that waits for a child process burning CPU is charged that CPU; a session
+    fixture's build is charged to fixture:<name>, not to the module that first asked for it."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+        import subprocess, sys
+        import pytest
+        pytest_plugins = ["cpu_budget"]
+        BURN = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < {}: pass"
+
+        @pytest.fixture(scope="session")
+        def built():
+            subprocess.run([sys.executable, "-c", BURN.format(0.6)], check=True)
+    """))
+    (tmp_path / "test_a.py").write_text(textwrap.dedent("""
+        import subprocess, sys
+        from conftest import BURN
+        def test_child(built):
+            subprocess.run([sys.executable, "-c", BURN.format(0.8)], check=True)
+    """))
+    (tmp_path / "test_b.py").write_text("def test_quick(built):\n    pass\n")
+    cpu = tmp_path / "cpu"
+    env = {**os.environ, "OATTN_TEST_CPU_DIR": str(cpu), "PYTHONPATH": str(REPO / "tests")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "test_a.py",
+                           "test_b.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads((cpu / "main.json").read_text())["modules"]
+    assert got["fixture:built"] >= 0.6 and 0.8 <= got["test_a.py"] < 0.8 + 0.5
+    assert got["test_b.py"] < 0.3
+    assert budget.test_parts(cpu)["test_a.py"] == got["test_a.py"]
