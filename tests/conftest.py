@@ -4,7 +4,6 @@ Tiny models run faster on one thread than on two competing ones, and a test suit
 runs beside other work must not oversubscribe the cores.
 """
 import os
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -19,32 +18,48 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
+# the suite's CPU time per test module, with OATTN_TEST_CPU_DIR set (bench/budget.py)
+pytest_plugins = ["cpu_budget"]
+
 
 @pytest.fixture(scope="session")
 def clean_run(tmp_path_factory):
-    """One uninterrupted run of the real workflow on the tiny test config (shared)."""
+    """One uninterrupted run of the real workflow on the tiny test config, made once for the
+    whole test session and copied into each process that asks for it.
+
+    With pytest-xdist every worker has its own session: the first to ask builds the run in a
+    directory all workers share, under a file lock, and every worker (the builder too) works on
+    its own copy (results/ and Snakemake's .snakemake/ records, whose paths are relative), so
+    that tests writing configs or reports into it never meet another process's. A worker that
+    asks while the run is being built waits for it; the build runs on every core meanwhile."""
+    import os
+    import shutil
+
+    from filelock import FileLock
     from wfutil import TINY, snakemake
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "clean_run_shared"
+    done = shared / ".complete"
+    with FileLock(str(shared) + ".lock"):
+        if not done.exists():
+            if shared.exists():  # a build that failed in another worker: start again
+                shutil.rmtree(shared)
+            shared.mkdir()
+            snakemake(shared, TINY)
+            done.touch()
     workdir = tmp_path_factory.mktemp("oattn_workflow")
-    snakemake(workdir, TINY)
+    shutil.copytree(shared / "results", workdir / "results", symlinks=True)
+    shutil.copytree(shared / ".snakemake", workdir / ".snakemake", symlinks=True,
+                    ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
+    shutil.copy2(shared / "config.yaml", workdir / "config.yaml")
     return workdir
 
 
-# The test modules that use the real workflow's `clean_run` (or a run made from it)
-WORKFLOW_MODULES = {f"tests/{p.name}" for p in Path(__file__).parent.glob("test_*.py")
-                    if "clean_run" in p.read_text(encoding="utf-8")}
-
-
 def pytest_xdist_make_scheduler(config, log):
-    """With pytest-xdist (`make test` runs `-n 2`): every test module goes whole to one worker
-    (its module fixtures, a model or a browser, are built once), and the modules that use the
-    real workflow all go to the same worker, where the session's `clean_run` is made once.
-    (xdist's own `--dist loadgroup` cannot do the latter with pytest 9: it renames node ids
-    through an attribute pytest 9 no longer reads.)"""
+    """With pytest-xdist (`make test` runs `-n 2`): every test module goes whole to one worker,
+    so that its module fixtures (a model, a browser) are built once; the modules that read the
+    shared workflow run (`clean_run`) spread over the workers like any other."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ModulesAndWorkflow(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "workflow" if module in WORKFLOW_MODULES else module
-
-    return ModulesAndWorkflow(config, log)
+    return LoadScopeScheduling(config, log)

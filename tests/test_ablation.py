@@ -1179,7 +1179,9 @@ TEXTS = ["Head ablation masks the heads of lowest entropy first.",
          "The held-out windows share no text with the extracted samples."]
 
 
-@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+# SmolLM2 (dequantising its GGUF file, ~40 s) is the slow tier's: the tiny grouped-query Llama of
+# test_a_causal_lm_is_scored_by_its_held_out_perplexity guards the causal GQA path in make test
+@pytest.mark.parametrize("name", ["minilm", pytest.param("smollm2", marks=pytest.mark.slow)])
 def test_fast_evaluation_of_real_models_equals_the_eager_reference(name, request):
     """The stage's measurement, fast path against the eager reference, on MiniLM (an encoder:
     cosine similarity to the unmasked embeddings) and SmolLM2 (grouped-query causal LM:

@@ -257,6 +257,9 @@ def readme_run(tmp_path_factory):
     return work
 
 
+# the slow tier (CI): a whole run of the README's recipe; make test keeps its dry run and the
+# attention files' reader and checks (this module's other tests)
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(readme_run):
     res = readme_run / "results" / "ext"
@@ -294,6 +297,7 @@ def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(rea
     assert extracted == ["sample0"], extracted
 
 
+@pytest.mark.slow  # a whole run of a probabilities-only model
 @pytest.mark.workflow
 def test_probabilities_alone_skip_what_needs_scores_and_say_why(tmp_path):
     rng = np.random.default_rng(8)

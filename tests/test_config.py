@@ -21,12 +21,16 @@ def merged(base: dict, over: dict) -> dict:
     return out
 
 
-@pytest.fixture
-def config():
+def full_config() -> dict:
     """The embedded default under workflow/presets/full.yaml: its four models (minilm third,
-    the hf encoder these tests edit)."""
+    the hf encoder the config tests edit, smollm2 fourth)."""
     return merged(yaml.safe_load((REPO / "config.yaml").read_text()),
                   yaml.safe_load((REPO / "workflow" / "presets" / "full.yaml").read_text()))
+
+
+@pytest.fixture
+def config():
+    return full_config()
 
 
 def test_the_full_preset_adds_to_the_default_and_changes_only_its_costs():

@@ -347,7 +347,7 @@ def test_the_fuzzer_reaches_every_key_of_the_schema():
     assert {"n_layer", "patch_size", "texts", "chat", "dataset", "epochs"} <= reached
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, database=None,
+@settings(max_examples=200, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(config=configs())
 def test_validation_accepts_or_stops_with_one_line_naming_a_key(config, files):
@@ -444,8 +444,8 @@ def assert_started_or_stopped_naming_a_key(proc, config: dict, results: Path) ->
     return False
 
 
-@pytest.mark.workflow  # Snakemake's start-up, 20 times: about 45 s
-@settings(max_examples=20, derandomize=True, deadline=None, database=None,
+@pytest.mark.workflow  # Snakemake's start-up, 12 times: about 30 s
+@settings(max_examples=12, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(config=configs())
 @example(config={**TINY, "results": RESULTS, "prune": {"held_out": {"texts": f"{FILES}/missing"}}})
@@ -494,6 +494,8 @@ def small_runs(draw):
 @pytest.mark.workflow
 @settings(max_examples=2, derandomize=True, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow])
+# the slow tier (CI): real runs of fuzzed configs; make test keeps their validation and dry runs
+@pytest.mark.slow
 @given(config=small_runs())
 @example(config=_tiny_txl(entropy={"head_top_k": 10**4}))  # 24 x 24 coefficients: stops at start-up
 def test_real_run_succeeds_or_stops_before_writing(config, files, tmp_path_factory):

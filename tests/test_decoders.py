@@ -328,6 +328,9 @@ def test_the_gguf_parameter_count_is_the_gguf_packages(tmp_path):
     assert files.gguf_parameter_count(Path(d) / name) == want > 100_000_000
 
 
+# the slow tier: a second dequantisation of the GGUF file in a job's process (~45 s); make test
+# keeps the GGUF model's own attention (test_smollm2_gguf_attention)
+@pytest.mark.slow
 @needs_smollm2
 def test_prepare_model_gives_the_gguf_models_attention(smollm2, tmp_path):
     """prepare_model, run as a job runs (a fresh process), writes a float32 directory that gives

@@ -277,6 +277,9 @@ def _kill_when(proc: subprocess.Popen, condition, timeout=600) -> None:
     proc.wait()
 
 
+# the slow tier (CI): a second whole run, killed twice and resumed; make test keeps the atomic
+# writes and the crash of each stage (this module's other tests)
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_killed_mid_training_and_mid_write_then_resumed_equals_clean_run(tmp_path, clean_run):
     from wfutil import TINY, snakemake

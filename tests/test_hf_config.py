@@ -283,6 +283,9 @@ def workflow_config(t5_dir, jsonl, stacks=("cross",)) -> dict:
     return cfg
 
 
+# the slow tier (CI): a whole run of a T5; make test keeps each stack's extraction against
+# transformers' eager attention (test_each_stack_is_transformers_eager_attention)
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_workflow_runs_the_cross_attention_of_a_t5_end_to_end(t5_dir, jsonl, tmp_path):
     wfutil.snakemake(tmp_path, workflow_config(t5_dir, jsonl))

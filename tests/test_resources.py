@@ -152,6 +152,9 @@ def test_the_tensor_size_is_the_largest_array_of_the_stores_read_from_headers(tm
         resources.largest_array_mb([pa])
 
 
+# the slow tier (CI): reruns every analysis job to measure it; make test keeps the model's
+# predictions against the recorded measurements (this module's other tests)
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_the_rules_ask_what_the_model_says_for_their_input_stores(clean_run, tmp_path):
     """organize (per sample and in batches) and stability (per sample and the table) run again on a copy of the tiny run (and

@@ -209,6 +209,9 @@ def sf_run(clean_run, tmp_path_factory):
     return workdir, proc
 
 
+# the slow tier (CI): sf_run trains and analyses every variant; make test keeps the plans
+# (the dry runs below) and the trainings' and Table 5's code on their own
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_snakemake_softmax_free_builds_table5_and_figure8(sf_run):
     workdir, proc = sf_run
@@ -252,6 +255,7 @@ def test_snakemake_softmax_free_builds_table5_and_figure8(sf_run):
     assert (logs / "softmax_free" / "vit" / "softmax" / "seed0" / "paraproduct.log").exists()
 
 
+@pytest.mark.slow  # sf_run
 @pytest.mark.workflow
 def test_table5_is_its_runs_stores_summarised(sf_run):
     workdir, _ = sf_run
@@ -276,6 +280,7 @@ def test_table5_is_its_runs_stores_summarised(sf_run):
             assert not (run / "paraproduct.zarr").exists()
 
 
+@pytest.mark.slow  # sf_run
 @pytest.mark.workflow
 def test_report_has_table5_and_it_stays_in_the_default_target(sf_run):
     from wfutil import planned_jobs, snakemake
@@ -290,6 +295,7 @@ def test_report_has_table5_and_it_stays_in_the_default_target(sf_run):
     assert planned_jobs(snakemake(workdir, sf_config(), "-n")) == {}
 
 
+@pytest.mark.slow  # sf_run
 @pytest.mark.workflow
 def test_what_a_change_reruns(sf_run):
     from wfutil import by_stage, planned_jobs, snakemake

@@ -17,12 +17,12 @@ import yaml
 from oattn_lib.config import ConfigError, validate_config
 from oattn_lib.models.files import gguf_metadata, gguf_parameter_count, hf_max_positions
 
-from test_config import REPO, SCHEMA, assert_one_line_error
+from test_config import REPO, SCHEMA, assert_one_line_error, full_config
 
 
 @pytest.fixture
 def config(tmp_path):
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg = full_config()
     cfg["results"] = str(tmp_path / "results")
     return cfg
 
@@ -187,7 +187,7 @@ def test_stores_that_do_not_fit_the_free_disk_stop_the_run_naming_the_keys(confi
     half = planned_store_bytes(config, config["models"][2])
     config["models"][2]["extract"]["dtype"] = "float32"
     assert half < planned_store_bytes(config, config["models"][2])
-    fresh = yaml.safe_load((REPO / "config.yaml").read_text())
+    fresh = full_config()
     fresh["results"] = config["results"]
     total = sum(planned_store_bytes(config, m) for m in config["models"])
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10 * total, 9 * total, total - 1))
@@ -261,7 +261,7 @@ def corpus_meta(tmp_path_factory):
     from oattn_lib.stages.data import prepare_data
 
     root = tmp_path_factory.mktemp("prep")
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg = full_config()
     cfg["results"] = str(root / "results")
     cfg["models"][2]["extract"]["max_length"] = 256
     validate_config(cfg, SCHEMA)
@@ -302,14 +302,14 @@ def test_too_many_samples_fail_prepare_data_once_writing_nothing(corpus_meta, tm
 def test_later_runs_check_n_samples_at_start_up_against_the_count(corpus_meta):
     cfg, _, meta, _ = corpus_meta
     count = meta["candidates"]["count"]
-    fresh = yaml.safe_load((REPO / "config.yaml").read_text())
+    fresh = full_config()
     fresh["results"] = cfg["results"]
     fresh["models"][2]["extract"].update(max_length=256, n_samples=count + 1)
     assert_one_line_error(fresh, lambda c: None,
                           f"models[2] (minilm).extract.n_samples: {count + 1} samples requested but only {count} "
                           "texts of the stdlib corpus with >= 256 tokens")
     # as many as there are: fine; at another max_length the count is stale, and not used
-    fresh = yaml.safe_load((REPO / "config.yaml").read_text())
+    fresh = full_config()
     fresh["results"] = cfg["results"]
     fresh["models"][2]["extract"].update(max_length=256, n_samples=count)
     validate_config(fresh, SCHEMA)
@@ -317,6 +317,8 @@ def test_later_runs_check_n_samples_at_start_up_against_the_count(corpus_meta):
     validate_config(yaml.safe_load(yaml.safe_dump(fresh)), SCHEMA)
 
 
+# the slow tier (CI): a whole run; make test keeps the counting and its start-up checks
+@pytest.mark.slow
 def test_extraction_draws_from_the_counted_texts(corpus_meta):
     from oattn_lib.models.kinds.hf import _HFExtraction
 
@@ -351,7 +353,7 @@ def test_a_damaged_model_directory_is_one_line_at_start_up(config, tmp_path, dam
     damage(d)
     config["models"][2]["path"] = str(d)
     assert_one_line_error(config, lambda c: None, "models[2].path: ")
-    config2 = yaml.safe_load((REPO / "config.yaml").read_text())
+    config2 = full_config()
     config2.update(results=config["results"])
     config2["models"][2]["path"] = str(d)
     with pytest.raises(ConfigError) as err:

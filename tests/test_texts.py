@@ -272,6 +272,9 @@ def texts_run(forms, tmp_path_factory):
     return work
 
 
+# the slow tier (CI): a whole run of three models on the user's texts; make test plans it
+# (test_the_prompts_preset_plans_every_stage_for_smollm2) and reads texts in every form
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_workflow_runs_texts_of_their_own_lengths_end_to_end(texts_run):
     from transformers import AutoTokenizer
@@ -296,6 +299,7 @@ def test_workflow_runs_texts_of_their_own_lengths_end_to_end(texts_run):
     assert "lines" in table1 or "|" in table1
 
 
+@pytest.mark.slow  # texts_run
 @pytest.mark.workflow
 def test_the_ablation_holds_out_the_texts_not_extracted(texts_run):
     log = (texts_run / "results" / "logs" / "lines" / "prune.log").read_text()
@@ -308,6 +312,7 @@ def test_the_ablation_holds_out_the_texts_not_extracted(texts_run):
     assert curves.count("\n") > 3
 
 
+@pytest.mark.slow  # texts_run
 @pytest.mark.workflow
 def test_editing_a_prompt_reruns_from_the_data(texts_run, forms):
     path = Path(forms["jsonl"][0])
