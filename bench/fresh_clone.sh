@@ -8,11 +8,14 @@
 #   make .venv/.installed   the set-up both commands begin with
 #   make run                the workflow on the embedded default, with the report
 #   make test               the test suite (in a second clone, its own set-up timed too)
-# and prints one line per step and a summary for the README. Run it on an idle machine.
+# and prints one line per step and a summary for the README, and appends a row per command to
+# bench/fresh_clone.csv (the history; the README states the latest). Run it on an idle machine.
 #
 #   bench/fresh_clone.sh            # both commands (about 25 minutes on 2 cores)
 #   bench/fresh_clone.sh run        # or: test
 #   KEEP=1 bench/fresh_clone.sh     # keep the temporary folder
+#   RECORD=1 bench/fresh_clone.sh   # and write the measured CPU breakdowns into bench/budget.yaml
+# Each command's CPU time is checked against bench/budget.yaml (bench/budget.py) as CI does.
 set -euo pipefail
 SRC=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
 WHAT=${1:-both}
@@ -36,6 +39,11 @@ step() {  # step NAME DIR COMMAND...: run, time, keep the output in $WORK/NAME.l
     printf '%-14s %8.1f s  (exit %d; log %s)\n' "$name" "${SECONDS_OF[$name]}" "$rc" "$WORK/$name.log"
     if ((rc != 0)); then tail -n 30 "$WORK/$name.log"; exit "$rc"; fi
 }
+CPU_NAME=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
+record() {  # record COMMAND SETUP_S COMMAND_S TESTS JOB_CPU_S: one row of bench/fresh_clone.csv
+    printf '%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$(date -u +%F)" "$COMMIT" "$1" "${CPU_NAME//,/ }" "$(nproc)" \
+        "$2" "$3" "$(add "$2" "$3")" "$4" "$5" "fresh clone" >>"$SRC/bench/fresh_clone.csv"
+}
 mmss() { awk -v s="$1" 'BEGIN { printf "%d min %02d s", int(s / 60), int(s) % 60 }'; }
 add() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a + b }'; }
 
@@ -45,12 +53,21 @@ if [[ $WHAT != test ]]; then
     step run "$WORK/run" make run
     total=$(add "${SECONDS_OF[setup-run]}" "${SECONDS_OF[run]}")
     echo "make run on a fresh clone: $(mmss "$total") (set-up $(mmss "${SECONDS_OF[setup-run]}"), workflow and report $(mmss "${SECONDS_OF[run]}"))"
-    "$WORK/run/.venv/bin/python" "$WORK/run/bench/stages.py" "$WORK/run/results" | tail -n 1
+    summary=$("$WORK/run/.venv/bin/python" "$WORK/run/bench/stages.py" "$WORK/run/results" | tail -n 1)
+    echo "$summary"
+    record run "${SECONDS_OF[setup-run]}" "${SECONDS_OF[run]}" "" "$(grep -oP 'CPU \K[0-9.]+' <<<"$summary" | head -n 1)"
+    "$WORK/run/.venv/bin/python" "$SRC/bench/budget.py" run "$WORK/run/results" || true
+    if [ -n "${RECORD:-}" ]; then "$WORK/run/.venv/bin/python" "$SRC/bench/budget.py" record run "$WORK/run/results"; fi
 fi
 if [[ $WHAT != run ]]; then
     git clone -q "$SRC" "$WORK/test"
     step setup-test "$WORK/test" make .venv/.installed
+    export OATTN_TEST_CPU_DIR=$WORK/test-cpu
     step test "$WORK/test" make test
+    unset OATTN_TEST_CPU_DIR
     total=$(add "${SECONDS_OF[setup-test]}" "${SECONDS_OF[test]}")
     echo "make test on a fresh clone: $(mmss "$total") (set-up $(mmss "${SECONDS_OF[setup-test]}"), suite $(mmss "${SECONDS_OF[test]}")): $(grep -E '(passed|failed)' "$WORK/test.log" | tail -n 1)"
+    record test "${SECONDS_OF[setup-test]}" "${SECONDS_OF[test]}" "$(grep -oP '[0-9]+(?= passed)' "$WORK/test.log" | tail -n 1)" ""
+    "$WORK/test/.venv/bin/python" "$SRC/bench/budget.py" test "$WORK/test-cpu" || true
+    if [ -n "${RECORD:-}" ]; then "$WORK/test/.venv/bin/python" "$SRC/bench/budget.py" record test "$WORK/test-cpu"; fi
 fi
