@@ -42,6 +42,12 @@ _SAMPLE = re.compile(r"_(?:sample|part)\d+$|_samples\d+-\d+$")
 _STARTUP = re.compile(r" start-up (\d+(?:\.\d+)?) s")
 
 
+def rule_of(stem: str) -> str:
+    """The rule of a job's benchmark or log file named `stem` (no directory, no extension): the
+    name without its `_sample<k>`, `_part<k>` or `_samples<a>-<b>` suffix."""
+    return _SAMPLE.sub("", stem)
+
+
 def startup_seconds(log: Path) -> float:
     """The start-up a job's log records on its first line (NaN without a log or that line)."""
     try:
@@ -86,7 +92,7 @@ def read_benchmarks(results: Path) -> dict[tuple[str, str], list[dict]]:
         job["from_log"] = usage is not None
         if usage is not None:
             job["cpu_time"] = usage["cpu_s"]
-        rows[(model, _SAMPLE.sub("", path.stem))].append(job)
+        rows[(model, rule_of(path.stem))].append(job)
     return rows
 
 

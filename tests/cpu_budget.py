@@ -4,10 +4,15 @@ With OATTN_TEST_CPU_DIR set, every process that runs tests (an xdist worker, or 
 with -n 0) measures the CPU time (user and system) of itself and of the child processes it
 waited for (the Snakemake runs, the jobs' interpreters) around each test's setup, call and
 teardown, adds it to the test's module, and at the end writes
-`$OATTN_TEST_CPU_DIR/<worker>.json` = {"modules": {"tests/test_x.py": s, ...}, "total": s}.
+`$OATTN_TEST_CPU_DIR/<worker>.json` = {"modules": {"tests/test_x.py": s, ...}, "total": s}, the
+total being the process's whole CPU time: what it spent outside any test (the interpreter's
+start-up, the imports of collecting every module, which each xdist worker does) is the part
+`session:collection`.
 The build of a session-scoped fixture (the shared workflow run) is counted under
-`fixture:<name>`, not under whichever module happened to ask for it first. Without the
-variable the plugin does nothing.
+`fixture:<name>`, not under whichever module happened to ask for it first (a session fixture
+built inside another's body, by `request.getfixturevalue`, under its own name only). A session
+fixture's teardown, at the end of the session, falls on the last test's module. Without the
+variable the plugin does nothing. Each run needs an empty directory: every file in it is summed.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import pytest
 _DIR = os.environ.get("OATTN_TEST_CPU_DIR")
 _modules: dict[str, float] = {}
 _in_fixture = [0.0]  # CPU of session fixtures built during the current test
+_building: list[float] = []  # per session fixture being built, outermost first: CPU counted inside it
 
 
 def _cpu() -> float:
@@ -43,18 +49,26 @@ if _DIR:
             yield
             return
         t0 = _cpu()
+        _building.append(0.0)
         yield
-        spent = _cpu() - t0
-        if spent >= 0.1:  # pytest's own session fixtures cost nothing to speak of
-            _in_fixture[0] += spent
+        inner = _building.pop()  # counted under the session fixtures built inside this one
+        own = _cpu() - t0 - inner
+        counted = inner
+        if own >= 0.1:  # pytest's own session fixtures cost nothing to speak of
             key = f"fixture:{fixturedef.argname}"
-            _modules[key] = _modules.get(key, 0.0) + spent
+            _modules[key] = _modules.get(key, 0.0) + own
+            counted += own
+        if _building:
+            _building[-1] += counted
+        else:
+            _in_fixture[0] += counted
 
     def pytest_sessionfinish(session):
         if not _modules:  # the xdist controller runs no test
             return
         out = Path(_DIR)
         out.mkdir(parents=True, exist_ok=True)
+        _modules["session:collection"] = _cpu() - sum(_modules.values())
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         path = out / f"{worker}.json"
         tmp = path.with_suffix(".tmp")

@@ -87,13 +87,22 @@ def test_a_slower_machine_is_judged_by_the_total_alone(tmp_path, recorded):
     rc, out = check(tmp_path, recorded, {k: 1.4 * v for k, v in STAGES.items()}, name="everywhere")
     failures = out.split("over the run budget")[-1]
     assert rc == 1 and "total" in failures and not any(f"\n  {s}:" in failures for s in STAGES), out
+    # ... naming the stages that added most: train's 80 s, then prune's 56 s
+    assert "added most: train +80 s, prune +56 s, theorem1 +36 s" in failures, out
+
+
+def test_the_failures_name_the_largest_growth_first(tmp_path, recorded):
+    rc, out = check(tmp_path, recorded, {**STAGES, "kernels": 3 * STAGES["kernels"], "train": 2 * STAGES["train"]},
+                    name="two")
+    failures = out.split("over the run budget")[-1]
+    assert rc == 1 and failures.index("train:") < failures.index("kernels:"), out
 
 
 def test_a_new_stage_must_be_recorded_and_a_vanished_one_is_reported(tmp_path, recorded):
     rc, out = check(tmp_path, recorded, {**STAGES, "masked_other": 30.0}, name="new")
     assert rc == 1 and "masked_other: 30 s of CPU, not in the budget" in out
     rc, out = check(tmp_path, recorded, {k: v for k, v in STAGES.items() if k != "summary"}, name="gone")
-    assert rc == 0 and "| summary | 20.0 | - |" in out
+    assert rc == 0 and "| summary | 20.0 | - |" in out and "summary: recorded (20.0 s) but did not run" in out
     # recorded again, it passes, with the tolerances kept
     budget.record("run", budget.run_parts(tmp_path / "new"), recorded)
     assert check(tmp_path, recorded, {**STAGES, "masked_other": 30.0}, name="new2")[0] == 0
@@ -106,7 +115,9 @@ def test_no_logs_is_an_error_naming_the_directory(tmp_path):
 
 def test_the_plugin_counts_children_and_session_fixtures_apart(tmp_path):
     """A test that waits for a child process burning CPU is charged that CPU; a session
-    fixture's build is charged to fixture:<name>, not to the module that first asked for it."""
+    fixture's build is charged to fixture:<name>, not to the module that first asked for it,
+    and one built inside another's body to itself alone; what no test spent is the process's
+    collection, and the parts add up to the process's CPU."""
     (tmp_path / "conftest.py").write_text(textwrap.dedent("""
         import subprocess, sys
         import pytest
@@ -116,20 +127,30 @@ def test_the_plugin_counts_children_and_session_fixtures_apart(tmp_path):
         @pytest.fixture(scope="session")
         def built():
             subprocess.run([sys.executable, "-c", BURN.format(0.6)], check=True)
+
+        @pytest.fixture(scope="session")
+        def outer(request):
+            request.getfixturevalue("built")
+            subprocess.run([sys.executable, "-c", BURN.format(0.3)], check=True)
     """))
     (tmp_path / "test_a.py").write_text(textwrap.dedent("""
         import subprocess, sys
         from conftest import BURN
-        def test_child(built):
+        def test_child(outer):
             subprocess.run([sys.executable, "-c", BURN.format(0.8)], check=True)
     """))
     (tmp_path / "test_b.py").write_text("def test_quick(built):\n    pass\n")
     cpu = tmp_path / "cpu"
-    env = {**os.environ, "OATTN_TEST_CPU_DIR": str(cpu), "PYTHONPATH": str(REPO / "tests")}
+    # not an xdist worker's environment (make test's): the child is pytest itself, with -n 0
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
+           "OATTN_TEST_CPU_DIR": str(cpu), "PYTHONPATH": str(REPO / "tests")}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "test_a.py",
                            "test_b.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = json.loads((cpu / "main.json").read_text())["modules"]
+    written = json.loads((cpu / "main.json").read_text())
+    got = written["modules"]
     assert got["fixture:built"] >= 0.6 and 0.8 <= got["test_a.py"] < 0.8 + 0.5
-    assert got["test_b.py"] < 0.3
+    assert 0.3 <= got["fixture:outer"] < 0.3 + 0.5  # without built's 0.6 s
+    assert got["test_b.py"] < 0.3 and got["session:collection"] > 0
+    assert sum(got.values()) == pytest.approx(written["total"])
     assert budget.test_parts(cpu)["test_a.py"] == got["test_a.py"]
