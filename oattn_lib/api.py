@@ -15,7 +15,8 @@ Each function calls the code the workflow's stages call (`models.hf`, `stages.or
 `entropy`, `questionnaire`, `paraproduct`, and the stages themselves for the page), so a
 number computed here is the number the workflow computes on the same input. Defaults are
 the workflow's, read from the config schema. Bad input raises `ValueError` naming the
-argument.
+argument. On a machine whose numba cache lacks the kernels, the first call compiles all of them
+first and says so (`kernel_notice`); `oattn_lib.compile_kernels()` does it ahead.
 """
 from __future__ import annotations
 
@@ -29,9 +30,20 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from .kernel_notice import announces_kernels
+
 log = logging.getLogger("oattn")
 
 __all__ = ["extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page"]
+
+
+def _compile_kernels() -> None:
+    """The first call of a function below on a machine whose numba cache lacks kernels compiles
+    all of them first, with the stages' signatures (`kernel_notice`): later calls compile none."""
+    from .stages.kernels import compile_kernels
+
+    compile_kernels()
+
 
 _HEAD_DIMS = ("layer", "head", "query", "key")
 _UNIT_DIMS = ("query", "key", "unit")
@@ -284,6 +296,7 @@ def _organization(organization, net):
                         *(organization[f"affinity_{a}"].values.astype(np.float64) for a in "qkh"))
 
 
+@announces_kernels(ahead=_compile_kernels)
 def organize(attention, quantity: str | None = None, *, n_iters: int | None = None, device: str | None = None,
              **params) -> xr.Dataset:
     """Organize one sample's network tensor by the 3-D questionnaire (docs/method.md §5.2).
@@ -332,6 +345,7 @@ def organize(attention, quantity: str | None = None, *, n_iters: int | None = No
 
 
 # -- entropies and sparsity ---------------------------------------------------------------------
+@announces_kernels(ahead=_compile_kernels)
 def entropies(attention, organization: xr.Dataset, *, quantity: str | None = None, head_top_k: int | None = None,
               network_top_k: int | None = None) -> xr.Dataset:
     """Haar l1 entropies and l1/l2 sparsity of every head and of the network, in the trees of
@@ -383,6 +397,7 @@ def _top_k(value, total: int, name: str) -> int:
 
 
 # -- Theorem 1 ------------------------------------------------------------------------------------
+@announces_kernels(ahead=_compile_kernels)
 def paraproduct_residual(attention: xr.Dataset, layer: int, head: int, *, organization: xr.Dataset | None = None,
                          tau: float = 1.0, n_iters: int | None = None) -> xr.Dataset:
     """The paraproduct decomposition of one head's softmax and its residual (docs/method.md §7,
@@ -465,6 +480,7 @@ def paraproduct_residual(attention: xr.Dataset, layer: int, head: int, *, organi
 
 
 # -- the explorer page ----------------------------------------------------------------------------
+@announces_kernels(ahead=_compile_kernels)
 def explorer_page(attention, organization, path, *, model: str | None = None, figure_heads=None,
                   heads_2d: int | None = None, max_side: int | None = None, data_mb: float | None = None,
                   head_top_k: int | None = None, network_top_k: int | None = None) -> Path:
@@ -564,6 +580,7 @@ def _samples_and_organizations(attention, organization, need_scores: bool, one_l
 
 
 # -- how far the numbers can be trusted ---------------------------------------------------------------
+@announces_kernels(ahead=_compile_kernels)
 def stability_replicates(attention, organization, *, replicates: int | None = None, perturbations=None,
               ulp_fraction: float | None = None, paraproduct: bool | None = None, seed: int | None = None,
               head_top_k: int | None = None, network_top_k: int | None = None, figure_heads=None,

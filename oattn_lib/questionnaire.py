@@ -15,6 +15,7 @@ import torch
 
 from ._arrays import as_tensor
 from .emd import TreeEMD, emd_affinity
+from .kernel_notice import announces_kernels
 from .trees import PartitionTree, flexible_tree
 
 __all__ = ["Organization", "questionnaire3d", "questionnaire2d", "cosine_affinity"]
@@ -127,6 +128,7 @@ def _per_axis(value, name: str) -> tuple[float, float, float]:
     return v
 
 
+@announces_kernels
 def questionnaire3d(X, n_iters: int = 3, alpha=0.0, beta=1.0, constant: float = 1.0,
                     head_uses_initial_trees: bool = False, seed: int = 0, eps: float = 1.0,
                     n_eigs: int = 12) -> Organization:
@@ -212,6 +214,7 @@ def _affinity(emd: TreeEMD, axis, trees, alphas, betas, eps) -> np.ndarray:
     return (g + g.T) / 2
 
 
+@announces_kernels
 def questionnaire2d(M, n_iters: int = 10, alpha: float = 1.0, beta: float = 0.0,
                     constant: float = 1.0, eps: float = 1.0, n_eigs: int = 12,
                     seed: int = 0) -> tuple[PartitionTree, PartitionTree]:

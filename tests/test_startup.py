@@ -122,16 +122,84 @@ print(json.dumps([m for m in {names!r} if m in sys.modules]))
                                    rtol=1e-12)
 
 
-def test_kernels_compiled_once_are_loaded_by_later_jobs(decomposed, tmp_path):
-    """Rule kernels' warm-up compiles every kernel into an empty cache; a later process running
-    organize and decompose on another sample (other sizes) compiles none of them."""
-    root, _, _ = decomposed
-    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
-    report = _fresh("import json; from oattn_lib.stages.kernels import compile_kernels, expected_kernels; "
-                    "r = compile_kernels(); r['expected'] = expected_kernels(); print(json.dumps(r))", env)
-    assert set(report["kernels"]) == set(report["expected"]) and len(report["expected"]) >= 5
-    assert all(v["compiled"] >= 1 for v in report["kernels"].values()), report["kernels"]  # the cache was empty
-    assert all(v["cache"].startswith(env["NUMBA_CACHE_DIR"]) for v in report["kernels"].values())
+def _fresh_merged(code: str, env: dict) -> tuple[list[str], dict]:
+    """Run `code` in a fresh interpreter, stdout and stderr in one stream in the order written:
+    the lines before its last, and the JSON object it prints last."""
+    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=REPO, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    lines = proc.stdout.strip().splitlines()
+    return lines[:-1], json.loads(lines[-1])
+
+
+def _notices(lines: list[str]) -> list[str]:
+    """What kernel_notice printed to stderr (no logging configured, as in a notebook)."""
+    return [line for line in lines if line.startswith("oattn: numba: ")]
+
+
+def test_kernels_compiled_once_are_loaded_by_later_jobs(tmp_path):
+    """In an empty numba cache (a fresh machine), the first questionnaire of a process says
+    before it compiles any kernel that it compiles them and how to do it ahead, and after it how
+    many it compiled, on stderr where no logging is configured (a notebook); the first API call
+    compiles the rest ahead with rule kernels' warm-up. A later process running organize and
+    decompose on another sample (other sizes) compiles none and says nothing; a first call that
+    compiles a signature the warm cache lacks says so after it, through the logger where one is
+    configured. One compile of every kernel in all."""
+    cache = str(tmp_path / "numba-cache")
+    env = {"NUMBA_CACHE_DIR": cache}
+    engine = """
+import json
+import numpy as np
+from oattn_lib.kernel_notice import cached_dispatchers, missing_kernels
+from oattn_lib.questionnaire import questionnaire2d
+from oattn_lib.runtime import kernel_stats
+missing, where = missing_kernels()
+M = np.random.default_rng(0).random((20, 16))
+questionnaire2d(M, n_iters=1)
+questionnaire2d(M, n_iters=1)
+print(json.dumps({"missing": missing, "where": where, "names": sorted(cached_dispatchers()), "stats": kernel_stats(),
+                  "after": missing_kernels()[0]}))
+"""
+    # numba prints each machine code it writes to the cache ("[cache] data saved to ..."): the
+    # notices come before the first and after the last
+    out, a = _fresh_merged(engine, {**env, "NUMBA_DEBUG_CACHE": "1"})
+    names = a["names"]
+    assert len(names) >= 5 and a["missing"] == names and a["where"].startswith(cache)
+    said = [i for i, line in enumerate(out) if line.startswith("oattn: numba: ")]
+    saved = [i for i, line in enumerate(out) if line.startswith("[cache] data saved")]
+    assert len(said) == 2 and saved and said[0] < saved[0] and saved[-1] < said[1], out  # once per process
+    assert f"{len(names)} of {len(names)} are not in the cache at {a['where']}" in out[said[0]]
+    assert "python -m oattn_lib.stages.kernels" in out[said[0]]
+    compiled = sum(v["compiled"] for v in a["stats"].values())
+    assert compiled == len(saved) and f"compiled {compiled} kernel signatures; questionnaire2d took " in out[said[1]]
+    # the check finds exactly what was compiled; Haar's sweep (decompose) is not a questionnaire's
+    assert a["after"] == sorted(set(names) - {k for k, v in a["stats"].items() if v["compiled"]})
+    assert "sweep._haar_up" in a["after"]
+
+    api = """
+import json
+import numpy as np
+import xarray as xr
+import oattn_lib
+from oattn_lib.kernel_notice import missing_kernels
+from oattn_lib.runtime import kernel_stats
+x = xr.DataArray(np.random.default_rng(1).random((12, 12, 4)), dims=("query", "key", "unit"), name="probs")
+oattn_lib.organize(x, n_iters=1, device="cpu")
+oattn_lib.organize(x, n_iters=1, device="cpu")
+print(json.dumps({"stats": kernel_stats(), "after": missing_kernels()[0]}))
+"""
+    out, b = _fresh_merged(api, env)
+    said = _notices(out)
+    assert len(said) == 2 and "compiling all the kernels first" in said[0], out
+    assert f"{len(a['after'])} of {len(names)} are not in the cache" in said[0]
+    compiled = sum(v["compiled"] for v in b["stats"].values())
+    assert f"compiled {compiled} kernel signatures; organize took " in said[1]
+    # the warm-up compiled what was missing and loaded what the questionnaire had compiled
+    assert b["after"] == [] and sorted(b["stats"]) == names
+    assert all(b["stats"][k]["compiled"] >= 1 for k in a["after"]), b["stats"]
+    assert all(b["stats"][k]["loaded"] >= 1 for k in set(names) - set(a["after"])), b["stats"]
+    assert all(v["cache"].startswith(cache) for v in b["stats"].values())
+
     later = f"""
 import json
 from oattn_lib.runtime import kernel_stats
@@ -146,9 +214,34 @@ decompose(t / 'a.zarr/zarr.json', t / 'o.zarr/zarr.json', t / 'd.zarr/zarr.json'
           questionnaire2d_iters=2, random_tree_seeds=2)
 print(json.dumps(kernel_stats()))
 """
-    stats = _fresh(later, env)
-    assert set(stats) == set(report["expected"])
+    out, stats = _fresh_merged(later, env)
+    assert sorted(stats) == names
     assert all(v["compiled"] == 0 and v["loaded"] >= 1 for v in stats.values()), stats
+    assert _notices(out) == [], out  # the questionnaires' first calls found every kernel: silent
+
+    new_signature = """
+import json, logging
+import numpy as np
+from oattn_lib.kernel_notice import announces_kernels, missing_kernels
+from oattn_lib.tree_kernels import _components
+logging.basicConfig(level=logging.INFO, format="LOG %(name)s: %(message)s")
+
+def ahead():
+    raise AssertionError("compiled ahead with every kernel in the cache")
+
+@announces_kernels(ahead=ahead)
+def components32():  # float32: no entry point calls the kernel with it
+    return _components(np.eye(3, dtype=np.float32))
+
+missing = missing_kernels()[0]
+components32()
+components32()
+print(json.dumps({"missing": missing}))
+"""
+    out, d = _fresh_merged(new_signature, env)
+    said = [line for line in out if "numba: " in line]
+    assert d["missing"] == [] and len(said) == 1, out
+    assert said[0].startswith("LOG oattn: numba: components32 compiled 1 kernel signatures that were not in the cache")
 
 
 def test_a_job_log_ends_with_what_the_whole_job_used(tmp_path):

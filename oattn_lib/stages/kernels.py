@@ -8,7 +8,9 @@ signature and the CPU. Without a step of its own, the first organize and decompo
 of a run each compiled the same kernels at once. `compile_kernels` runs the real organize
 and decompose stages on a tiny synthetic sample, so every kernel is compiled with the
 signatures the stages call it with; the jobs after it load them (each logs at exit how
-many it loaded and compiled: `runtime.kernel_stats`).
+many it loaded and compiled: `runtime.kernel_stats`). Outside the workflow the first call of
+the Python API runs it (`kernel_notice`), and `python -m oattn_lib.stages.kernels` runs it
+ahead, printing what it did.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import numpy as np
 import xarray as xr
 
 from .. import emd, store, sweep, tree_kernels  # noqa: F401  (the kernel modules, runtime.KERNEL_MODULES)
-from ..runtime import KERNEL_MODULES, kernel_stats
+from ..kernel_notice import cached_dispatchers, mark_checked
+from ..runtime import kernel_stats
 from .decompose import decompose
 from .organize import organize
 
@@ -33,12 +36,7 @@ __all__ = ["kernels", "compile_kernels", "expected_kernels"]
 
 def expected_kernels() -> list[str]:
     """The names (`module.function`) of every cached numba kernel of the kernel modules."""
-    from numba.core.dispatcher import Dispatcher
-
-    import sys
-
-    return sorted(f"{m.rsplit('.', 1)[-1]}.{a}" for m in KERNEL_MODULES for a, o in vars(sys.modules[m]).items()
-                  if isinstance(o, Dispatcher) and type(o._cache).__name__ != "NullCache")
+    return sorted(cached_dispatchers())
 
 
 def _tiny_sample(path: Path, n: int = 12, n_layer: int = 2, n_head: int = 3, seed: int = 0) -> None:
@@ -61,12 +59,34 @@ def _tiny_sample(path: Path, n: int = 12, n_layer: int = 2, n_head: int = 3, see
 
 
 def compile_kernels(workdir=None) -> dict:
-    """Compile every numba kernel into the disk cache by running the organize and decompose
-    stages on a tiny synthetic sample (in `workdir`, a temporary directory by default).
-    Returns what was done: numba's version, the CPU, the seconds taken and per kernel the
-    signatures compiled and loaded (`runtime.kernel_stats`)."""
+    """Compile every numba kernel into numba's disk cache for this machine, as the first call of
+    the Python API or a questionnaire would: done once, later calls and processes load them.
+
+    Runs the organize and decompose stages on a tiny synthetic sample, so that every kernel is
+    compiled with the signatures the stages call it with (a kernel already cached is loaded).
+    The workflow's rule `kernels`; in a notebook, `oattn_lib.compile_kernels()`; from a shell,
+    `python -m oattn_lib.stages.kernels`.
+
+    Parameters
+    ----------
+    workdir : str or os.PathLike, optional
+        Where the tiny sample's stores are written, then removed; default the system's
+        temporary directory.
+
+    Returns
+    -------
+    dict: `numba` (its version), `cpu` (the host CPU's name for LLVM), `machine`, `seconds`
+    taken, and `kernels`: per kernel (`module.function`) the signatures `compiled` and
+    `loaded` from the cache and the cache's directory `cache` (`runtime.kernel_stats`).
+
+    Raises
+    ------
+    RuntimeError
+        Where the warm-up did not run some kernel of `expected_kernels()`.
+    """
     import numba
 
+    mark_checked()  # the entry points it runs would announce the compiling this reports
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=workdir, prefix="oattn-kernels-") as tmp:
         root = Path(tmp)
@@ -98,3 +118,17 @@ def _host_cpu() -> str:
 def kernels(out_json) -> None:
     """Compile every kernel (or find it in the cache) and record what was done in `out_json`."""
     store.save_json(out_json, compile_kernels())
+
+
+def _summary(report: dict) -> str:
+    kernels = report["kernels"].values()
+    return (f"numba {report['numba']} on {report['cpu']} ({report['machine']}): "
+            f"{sum(v['compiled'] for v in kernels)} kernel signatures compiled, "
+            f"{sum(v['loaded'] for v in kernels)} loaded from the cache, in {report['seconds']:.1f} s; "
+            f"cache: {next(iter(kernels))['cache']}")
+
+
+if __name__ == "__main__":
+    # `python -m oattn_lib.stages.kernels`: compile ahead what a notebook's first call would
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(_summary(compile_kernels()))
