@@ -226,15 +226,31 @@ def readme_numpy_recipe() -> str:
     return next(b for b in blocks if "np.savez" in b)
 
 
-def workflow_config(path, n: int, **extract) -> dict:
-    return {**TINY, "models": [{"name": "ext", "kind": "attention", "path": str(path),
+def workflow_config(path, n: int, name: str = "ext", **extract) -> dict:
+    return {**TINY, "models": [{"name": name, "kind": "attention", "path": str(path),
                                 "extract": {"n_samples": n, "quantity": "probs", **extract}}]}
 
 
+def job_stats(dry_run: str) -> str:
+    """The 'Job stats' table of a dry run's output."""
+    return dry_run.split("Job stats:")[-1]
+
+
+def two_models_config(work) -> dict:
+    """The tiny config with `attention_run`'s two models: `ext` (the README's files under
+    work/attention) and `probs` (work/probs)."""
+    cfg = workflow_config(work / "attention", 4)
+    cfg["models"] += workflow_config(work / "probs", 2, name="probs")["models"]
+    return cfg
+
+
 @pytest.fixture(scope="module")
-def readme_run(tmp_path_factory):
-    """The README's numpy recipe run as written, plus one rectangular sample, through the tiny workflow."""
-    work = tmp_path_factory.mktemp("attention_readme")
+def attention_run(tmp_path_factory):
+    """One run of the tiny workflow on two models of kind attention: `ext`, the README's numpy
+    recipe run as written plus one rectangular sample (scores given), and `probs`, probabilities
+    alone in .npy files of two lengths. Each model's samples are small enough to run every stage
+    as one job for all of them (the tiny config's jobs.batch_max_entries)."""
+    work = tmp_path_factory.mktemp("attention_workflow")
     (work / "attention").mkdir()
     cwd = os.getcwd()
     os.chdir(work)
@@ -245,24 +261,33 @@ def readme_run(tmp_path_factory):
     rng = np.random.default_rng(7)
     scores, probs, allowed = attention(rng, 7, 10, 2, 4)
     np.savez(work / "attention" / "sample999.npz", probs=probs, scores=scores, allowed=allowed)
-    cfg = workflow_config(work / "attention", 4)
-    dry = snakemake(work, cfg, "-n")
-    assert "prune" not in dry.stdout.split("Job stats:")[-1]
+    (work / "probs").mkdir()
+    rng = np.random.default_rng(8)
+    for i, n in enumerate([10, 13]):
+        np.save(work / "probs" / f"s{i}.npy", attention(rng, n, n, 2, 3)[1])
+    cfg = two_models_config(work)
+    dry = job_stats(snakemake(work, cfg, "-n").stdout)
+    assert "prune" not in dry
     # samples of their own lengths are planned for the longest (16 x 16 tokens x 8 heads here):
     # under the tiny config's jobs.batch_max_entries, one job per stage for all four
-    assert re.search(r"^extract_batch_ext\s+1$", dry.stdout, re.M), dry.stdout[-2000:]
-    # run one job per sample, so that the edit below can show which samples rerun
-    cfg["jobs"] = {"batch_max_entries": 0}
+    assert re.search(r"^extract_batch_ext\s+1$", dry, re.M) and re.search(r"^extract_batch_probs\s+1$", dry, re.M), dry
     snakemake(work, cfg)
     return work
 
 
-# the slow tier (CI): a whole run of the README's recipe; make test keeps its dry run and the
-# attention files' reader and checks (this module's other tests)
-@pytest.mark.slow
+def summary_section(md: str, name: str) -> str:
+    """Model `name`'s section of summary.md (from its heading to the next model's)."""
+    return md.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def explorer_meta(page_path) -> dict:
+    page = page_path.read_text()
+    return json.loads(re.search(r"<script id='oattn-meta' type='application/json'>(.*?)</script>", page).group(1))
+
+
 @pytest.mark.workflow
-def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(readme_run):
-    res = readme_run / "results" / "ext"
+def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(attention_run):
+    res = attention_run / "results" / "ext"
     lengths = [(12, 12), (16, 16), (9, 9), (7, 10)]
     for i, (q, k) in enumerate(lengths):
         att = store.read_store(res / "attention" / f"sample{i}.zarr")
@@ -276,45 +301,55 @@ def test_the_readme_recipe_runs_end_to_end_with_samples_of_their_own_lengths(rea
     assert ent.sizes["sample"] == 4 and np.isfinite(ent["head_entropy"].values).all()
     assert len((res / "tables" / "table2.csv").read_text().strip().splitlines()) == 1 + 4
     assert not (res / "prune").exists() and not (res / "tables" / "table3.md").exists()
-    md = (readme_run / "results" / "summary.md").read_text()
-    assert "prune: not run: kind attention holds no model to mask" in md
-    claims = (readme_run / "results" / "claims.csv").read_text()
+    assert "skipped" not in json.loads((res / "figures" / "temperature.json").read_text())  # scores given
+    md = summary_section((attention_run / "results" / "summary.md").read_text(), "ext")
+    assert "prune: not run: kind attention holds no model to mask" in md and "Theorem 1 (temperature" not in md
+    claims = (attention_run / "results" / "claims.csv").read_text()
     assert "kind attention holds no model to mask" in claims
-    page = (res / "explorer.html").read_text()
-    meta = json.loads(re.search(r"<script id='oattn-meta' type='application/json'>(.*?)</script>", page).group(1))
+    meta = explorer_meta(res / "explorer.html")
     assert meta["lengths"] == [list(n) for n in lengths] and (meta["n_query"], meta["n_key"]) == (16, 16)
     assert meta["units_2d"]  # scores given: the heads' own 2-D organizations
-    # editing a file reruns extract and what follows
-    first = dict(np.load(readme_run / "attention" / "sample000.npz"))
-    first["probs"][1] = first["allowed"] / first["allowed"].sum(-1, keepdims=True)  # layer 1 uniform
-    np.savez(readme_run / "attention" / "sample000.npz", **first)
-    cfg = {**workflow_config(readme_run / "attention", 4), "jobs": {"batch_max_entries": 0}}
-    jobs = snakemake(readme_run, cfg, "-n").stdout
-    # that sample's extract and what follows it only: each extract job's inputs are its own files
-    assert re.search(r"^extract\s+1$", jobs, re.M) and re.search(r"^organize\s+1$", jobs, re.M), jobs[-2000:]
-    assert not re.search(r"^prepare_data\s+\d+$", jobs, re.M)
-    extracted = re.findall(r"output: \S*/attention/(sample\d+)\.zarr", jobs)
-    assert extracted == ["sample0"], extracted
 
 
-@pytest.mark.slow  # a whole run of a probabilities-only model
 @pytest.mark.workflow
-def test_probabilities_alone_skip_what_needs_scores_and_say_why(tmp_path):
-    rng = np.random.default_rng(8)
-    (tmp_path / "att").mkdir()
-    for i, n in enumerate([10, 13]):
-        np.save(tmp_path / "att" / f"s{i}.npy", attention(rng, n, n, 2, 3)[1])
-    snakemake(tmp_path, workflow_config(tmp_path / "att", 2))
-    res = tmp_path / "results"
-    assert "scores" not in store.read_store(res / "ext" / "attention" / "sample1.zarr")
-    temp = json.loads((res / "ext" / "figures" / "temperature.json").read_text())
+def test_editing_an_attention_file_reruns_its_own_samples_only(attention_run, tmp_path):
+    path = attention_run / "attention" / "sample000.npz"
+    before = path.read_bytes()
+    first = dict(np.load(path))
+    first["probs"][1] = first["allowed"] / first["allowed"].sum(-1, keepdims=True)  # layer 1 uniform
+    try:
+        np.savez(path, **first)
+        out = snakemake(attention_run, two_models_config(attention_run), "-n").stdout
+    finally:
+        path.write_bytes(before)
+    # the edited model's extraction and what follows it; not the other model's, nor the data
+    jobs = job_stats(out)
+    assert re.search(r"^extract_batch_ext\s+1$", jobs, re.M) and re.search(r"^organize_batch_ext\s+1$", jobs, re.M), jobs
+    assert not re.search(r"^prepare_data\s+\d+$", jobs, re.M)
+    assert not re.search(r"output: \S*results/probs/", out), out[-3000:]
+    # one job per sample: each extract job reads its own sample's file and no other (the sample
+    # files in name order), so that an edit reruns that sample's analysis alone
+    cfg = {**workflow_config(attention_run / "attention", 4), "jobs": {"batch_max_entries": 0}}
+    plan = snakemake(tmp_path, cfg, "-n", *[f"results/ext/attention/sample{i}.zarr/zarr.json" for i in range(4)]).stdout
+    files = sorted((attention_run / "attention").glob("*.npz"))
+    reads = {int(m.group(2)): m.group(1).split(", ")
+             for m in re.finditer(r"rule extract:\n\s+input: (.*)\n\s+output: \S*/attention/sample(\d+)\.zarr", plan)}
+    assert sorted(reads) == [0, 1, 2, 3], plan[-3000:]
+    for i, inputs in reads.items():
+        assert [f for f in inputs if f.endswith(".npz") and "/attention/" in f] == [str(files[i])], (i, inputs)
+
+
+@pytest.mark.workflow
+def test_probabilities_alone_skip_what_needs_scores_and_say_why(attention_run, tmp_path):
+    res = attention_run / "results"
+    assert "scores" not in store.read_store(res / "probs" / "attention" / "sample1.zarr")
+    temp = json.loads((res / "probs" / "figures" / "temperature.json").read_text())
     assert "holds no pre-softmax scores" in temp["skipped"]
-    md = (res / "summary.md").read_text()
+    md = summary_section((res / "summary.md").read_text(), "probs")
     assert "Theorem 1 (temperature figure, paraproduct): not run:" in md
     assert "prune: not run: kind attention holds no model to mask" in md
-    page = (res / "ext" / "explorer.html").read_text()
-    meta = json.loads(re.search(r"<script id='oattn-meta' type='application/json'>(.*?)</script>", page).group(1))
+    meta = explorer_meta(res / "probs" / "explorer.html")
     assert meta["units_2d"] == [] and "no pre-softmax scores" in meta["units_2d_note"]
     # and scores cannot be asked for
-    proc = snakemake(tmp_path, workflow_config(tmp_path / "att", 2, quantity="scores"), "-n", check=False)
+    proc = snakemake(tmp_path, workflow_config(attention_run / "probs", 2, quantity="scores"), "-n", check=False)
     assert proc.returncode and "extract.quantity: scores" in proc.stdout + proc.stderr
