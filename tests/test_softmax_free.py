@@ -209,8 +209,8 @@ def sf_run(clean_run, tmp_path_factory):
     return workdir, proc
 
 
-# the slow tier (CI): sf_run trains and analyses every variant; make test keeps the plans
-# (the dry runs below) and the trainings' and Table 5's code on their own
+# the slow tier (CI): sf_run trains and analyses four runs; make test keeps their plans (the dry runs
+# below), Table 5 (test_table5_means_spreads_and_deltas), the training (test_a_diverged_run_keeps_its_initial_weights)
 @pytest.mark.slow
 @pytest.mark.workflow
 def test_snakemake_softmax_free_builds_table5_and_figure8(sf_run):
@@ -332,18 +332,34 @@ def test_enabled_flag_puts_the_experiment_in_the_default_target(tmp_path):
     assert on == {k: off.get(k, 0) + runs.get(k, 0) for k in off.keys() | runs.keys()}
 
 
-@pytest.mark.workflow
-@pytest.mark.parametrize("edit, message", [
+BAD_CONFIGS = [
     ({"variants": ["tensor_q_tril"]}, "tensor_q_tril"),
     ({"variants": ["softmax_q"]}, "softmax_q"),
     ({"models": ["nope"]}, "softmax_free.models"),
     ({"models": ["lm"]}, "softmax_free.models"),
     ({"seeds": 0}, "seeds"),
     ({"step": 3}, "step"),
-])
-def test_bad_softmax_free_config_stops_at_start(tmp_path, edit, message):
+]
+
+
+@pytest.mark.parametrize("edit, message", BAD_CONFIGS)
+def test_bad_softmax_free_config_is_one_line_naming_the_key(edit, message):
+    """The start-up validation the Snakefile runs before anything (validate_config, its disk check
+    left to the Snakefile as there), on each bad experiment section."""
+    from oattn_lib.config import ConfigError, validate_config
+    with pytest.raises(ConfigError) as err:
+        validate_config(sf_config(**edit), str(REPO / "workflow" / "schemas" / "config.schema.yaml"), check_disk=False)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.workflow
+def test_bad_softmax_free_config_stops_snakemake_at_start(tmp_path):
+    """One of the bad sections above through the real Snakefile (its other cases are the same
+    validation): `snakemake softmax_free` stops before planning, naming the key, writing nothing."""
     from wfutil import snakemake
+    edit, message = BAD_CONFIGS[3]
     proc = snakemake(tmp_path, sf_config(**edit), "-n", "softmax_free", check=False)
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
+    assert "Job stats" not in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()

@@ -286,11 +286,19 @@ def test_prepare_data_counts_the_texts_long_enough_for_the_tokenizer(corpus_meta
     assert counted["source"] == {"path": "minilm", "gguf_file": None, "max_length": 256}
 
 
-def test_too_many_samples_fail_prepare_data_once_writing_nothing(corpus_meta, tmp_path):
+def test_too_many_samples_fail_prepare_data_once_writing_nothing(corpus_meta, tmp_path, monkeypatch):
+    import numpy as np
+
+    from oattn_lib.models.kinds.hf import HF
     from oattn_lib.stages.data import prepare_data
 
-    _, model, meta, _ = corpus_meta
+    _, model, meta, out = corpus_meta
     n = meta["candidates"]["count"] + 1
+    # the corpus as the fixture's prepare_data built it (the adapter returns it, writing nothing);
+    # the texts are counted again, by the adapter's count_candidates, and the stage checks them
+    arrays = dict(np.load(out / "dataset.npz"))
+    built = {k: v for k, v in meta.items() if k != "candidates"}
+    monkeypatch.setattr(HF, "prepare_data", lambda self, data, data_root: (arrays, built))
     with pytest.raises(ValueError) as err:
         prepare_data("hf", model["data"], tmp_path / "d.npz", tmp_path / "m.json", model=model, n_samples=n,
                      where="models[2] (minilm)")
@@ -317,8 +325,6 @@ def test_later_runs_check_n_samples_at_start_up_against_the_count(corpus_meta):
     validate_config(yaml.safe_load(yaml.safe_dump(fresh)), SCHEMA)
 
 
-# the slow tier (CI): a whole run; make test keeps the counting and its start-up checks
-@pytest.mark.slow
 def test_extraction_draws_from_the_counted_texts(corpus_meta):
     from oattn_lib.models.kinds.hf import _HFExtraction
 
@@ -424,17 +430,20 @@ def _npz(path, member: bytes) -> None:
 @pytest.mark.workflow
 def test_a_run_asking_more_texts_than_the_corpus_has_fails_once_in_prepare_data(tmp_path, corpus_meta):
     """minilm at 256 tokens, one sample more than the corpus has: the run stops in its prepare_data
-    job with the line naming the key, once, before any extract job runs, and writes no data."""
-    from wfutil import TINY, snakemake
+    job with the line naming the key, once, before any extract job runs, and writes no data. The
+    run is planned as far as the extract jobs (`--until extract`), the ones the count is for; the
+    later stages would only add the kernels job, which runs beside prepare_data."""
+    from wfutil import TINY, planned_jobs, snakemake
 
     count = corpus_meta[2]["candidates"]["count"]
     minilm = copy.deepcopy(next(m for m in TINY["models"] if m.get("path") == "minilm"))
     minilm["extract"].update(max_length=256, n_samples=count + 1)
     minilm.pop("stability", None)
     config = {**copy.deepcopy(TINY), "models": [minilm], "prune": {"enabled": False}}
-    proc = snakemake(tmp_path, config, check=False)
+    proc = snakemake(tmp_path, config, "--until", "extract", check=False)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
+    assert planned_jobs(proc).get("extract") == count + 1, text[-3000:]  # planned, and never run
     name = minilm["name"]
     line = f"models[0] ({name}).extract.n_samples: {count + 1} samples requested but only {count} texts"
     assert line in (tmp_path / "results" / "logs" / name / "prepare_data.log").read_text()
