@@ -11,13 +11,13 @@ use (PEP 562), so `import oattn_lib` imports neither torch nor transformers:
 questionnaire), `entropies` (Haar entropies and sparsity), `paraproduct_residual`
 (Theorem 1 on one head), `stability_replicates` (how far those numbers move under perturbations that
 carry no information) and `explorer_page` (the interactive page). examples/api_tour.py
-walks through them. `compile_kernels` compiles the numba kernels into their disk cache ahead
-of the first call, which otherwise does it once per machine (`kernel_notice`).
+walks through them. `oattn_lib.stages.kernels.compile_kernels` compiles the numba kernels into
+their disk cache ahead of the first call, which otherwise does it once per machine
+(`kernel_notice`); it is not exported here, so that no stage's code fingerprint depends on it.
 """
 from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-_EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page"),
-            "stages.kernels": ("compile_kernels",)}
+_EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page")}
 __all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -16,7 +16,7 @@ Each function calls the code the workflow's stages call (`models.hf`, `stages.or
 number computed here is the number the workflow computes on the same input. Defaults are
 the workflow's, read from the config schema. Bad input raises `ValueError` naming the
 argument. On a machine whose numba cache lacks the kernels, the first call compiles all of them
-first and says so (`kernel_notice`); `oattn_lib.compile_kernels()` does it ahead.
+first and says so (`kernel_notice`); `oattn_lib.stages.kernels.compile_kernels()` does it ahead.
 """
 from __future__ import annotations
 

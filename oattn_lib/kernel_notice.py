@@ -9,7 +9,7 @@ notebook, the first call in a process of an entry point decorated with `announce
 nothing. Where a kernel module has no machine code for this CPU in the cache (a fresh
 machine or cache, another numba, a changed or reinstalled source file) it says, before the
 work, that it compiles the kernels once per machine, where they are kept and how to do it
-ahead (`python -m oattn_lib.stages.kernels`, or `oattn_lib.compile_kernels()`); after the
+ahead (`python -m oattn_lib.stages.kernels`, or `oattn_lib.stages.kernels.compile_kernels()`); after the
 work, how many signatures were compiled and the seconds the call took. A first call that
 compiles without having said so (a kernel only some data reach, argument types the warm-up
 does not cover) says so after it. The Python API passes `ahead`: where any kernel is missing
@@ -24,7 +24,6 @@ in the process check nothing (a module-level flag): the cost after the first is 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import sys
 import time
@@ -44,9 +43,13 @@ def cached_dispatchers() -> dict:
     numba caches on disk (`cache=True`; the inlined helpers are not). Imports those modules."""
     from numba.core.dispatcher import Dispatcher
 
+    # imported by name, not through importlib: the code fingerprint (oattn_lib.fingerprint) reads
+    # an importlib call as an import of every module of the package
+    from . import emd, sweep, tree_kernels  # noqa: F401  (runtime.KERNEL_MODULES)
+
     out = {}
     for name in KERNEL_MODULES:
-        for attr, obj in vars(importlib.import_module(name)).items():
+        for attr, obj in vars(sys.modules[name]).items():
             if isinstance(obj, Dispatcher) and type(obj._cache).__name__ != "NullCache":
                 out[f"{name.rsplit('.', 1)[-1]}.{attr}"] = obj
     return out

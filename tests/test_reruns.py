@@ -199,7 +199,7 @@ def test_editing_the_questionnaire_reruns_organize_and_after_and_undoing_it_noth
     edit = Edit(project / "oattn_lib" / "questionnaire.py")
     try:
         # a real change to the code organize runs (a dead store is still a different program)
-        edit.replace("def questionnaire3d(", "_EDITED = True\n\n\ndef questionnaire3d(")
+        edit.replace("@announces_kernels\ndef questionnaire3d(", "_EDITED = True\n\n\n@announces_kernels\ndef questionnaire3d(")
         assert dry_run(project) == AFTER_QUESTIONNAIRE_EDIT
         # the opt-out the README documents
         assert dry_run(project, "--rerun-triggers", "mtime", "params", "input") == {}

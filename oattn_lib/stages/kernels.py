@@ -64,7 +64,7 @@ def compile_kernels(workdir=None) -> dict:
 
     Runs the organize and decompose stages on a tiny synthetic sample, so that every kernel is
     compiled with the signatures the stages call it with (a kernel already cached is loaded).
-    The workflow's rule `kernels`; in a notebook, `oattn_lib.compile_kernels()`; from a shell,
+    The workflow's rule `kernels`; in a notebook, `oattn_lib.stages.kernels.compile_kernels()`; from a shell,
     `python -m oattn_lib.stages.kernels`.
 
     Parameters
