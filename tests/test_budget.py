@@ -1,5 +1,5 @@
-"""The CPU budgets CI holds (bench/budget.py): a doubled stage fails on any machine, a uniformly
-slower machine is judged by the total alone, a new stage must be recorded; the pytest plugin
+"""The CPU budgets CI holds (bench/budget.py): a doubled stage fails on any machine, a slower
+machine passes where a change slowing everything fails, a new stage must be recorded; the pytest plugin
 counts a test's child processes and a session fixture's build apart from its module."""
 from __future__ import annotations
 
@@ -45,17 +45,19 @@ def fake_run(root: Path, cpu: dict[str, float]) -> Path:
 @pytest.fixture
 def recorded(tmp_path):
     path = tmp_path / "budget.yaml"
-    budget.record("run", budget.run_parts(fake_run(tmp_path / "rec", STAGES)), path)
+    budget.record("run", budget.run_parts(fake_run(tmp_path / "rec", STAGES)), path, reference=2.0)
     return path
 
 
-def check(tmp_path, path, cpu, name="now") -> tuple[int, str]:
+def check(tmp_path, path, cpu, name="now", reference=2.0) -> tuple[int, str]:
+    """bench/budget.py's check of a run costing `cpu`, on a machine whose reference workload
+    takes `reference` s (2.0 on the recording machine)."""
     measured = budget.run_parts(fake_run(tmp_path / name, cpu))
     from contextlib import redirect_stdout
     from io import StringIO
     out = StringIO()
     with redirect_stdout(out):
-        rc = budget.check("run", measured, path)
+        rc = budget.check("run", measured, path, reference=reference)
     return rc, out.getvalue()
 
 
@@ -75,12 +77,46 @@ def test_the_recorded_run_passes_and_a_doubled_stage_fails_naming_it(tmp_path, r
     assert check(tmp_path, recorded, {**STAGES, "entropy": 2 * STAGES["entropy"]}, name="small")[0] == 0
 
 
-def test_a_slower_machine_is_judged_by_the_total_alone(tmp_path, recorded):
+def test_a_slower_machine_passes_and_a_change_slowing_everything_fails(tmp_path, recorded):
+    """CI's machine ran the suite's Python 1.8 times slower than the recording one: the
+    reference workload says so, and the same code passes there; the same CPU on a machine as
+    fast as the recording one is a regression, and the total fails."""
+    ci = {k: 1.8 * v for k, v in STAGES.items()}
+    rc, out = check(tmp_path, recorded, ci, name="ci", reference=3.6)
+    assert rc == 0 and "machine factor 1.80" in out and "reference factor 1.80" in out, out
+    rc, out = check(tmp_path, recorded, ci, name="ci2", reference=2.0)
+    failures = out.split("over the run budget")[-1]
+    assert rc == 1 and "total" in failures and not any(f"\n  {s}:" in failures for s in STAGES), out
+    assert "factor 1.80 and the reference workload's 1.00 disagree" in out, out
+    # a machine 3.5 times slower is not excused past 2.5
+    rc, out = check(tmp_path, recorded, {k: 3.5 * v for k, v in STAGES.items()}, name="broken", reference=7.0)
+    assert rc == 1 and "reference factor 2.50" in out and "\n  total" in out, out
+
+
+def test_a_budget_without_a_reference_judges_the_total_absolute(tmp_path):
+    import yaml
+    path = tmp_path / "old.yaml"
+    budget.record("run", budget.run_parts(fake_run(tmp_path / "rec", STAGES)), path, reference=2.0)
+    old = yaml.safe_load(path.read_text())
+    del old["run"]["reference_cpu_s"]
+    path.write_text(yaml.safe_dump(old))
+    rc, out = check(tmp_path, path, {k: 1.3 * v for k, v in STAGES.items()}, name="slow", reference=2.6)
+    assert rc == 1 and "no reference workload on record" in out, out
+
+
+def test_the_reference_workload_measures_the_machine():
+    """Positive, and steady enough to divide by: two measurements within 30% of each other
+    (the least of three tries each; only the same code on the same machine)."""
+    a, b = budget.reference_cpu_s(), budget.reference_cpu_s()
+    assert 0 < a and 0 < b and max(a, b) / min(a, b) < 1.3
+
+
+def test_a_doubled_stage_fails_on_a_slower_machine_too(tmp_path, recorded):
     slower = {k: 1.2 * v for k, v in STAGES.items()}
-    rc, out = check(tmp_path, recorded, slower, name="slower")
+    rc, out = check(tmp_path, recorded, slower, name="slower", reference=2.4)
     assert rc == 0 and "machine factor 1.20" in out
     # a doubled stage on that machine still fails, and alone
-    rc, out = check(tmp_path, recorded, {**slower, "prune": 2.4 * STAGES["prune"]}, name="slower2")
+    rc, out = check(tmp_path, recorded, {**slower, "prune": 2.4 * STAGES["prune"]}, name="slower2", reference=2.4)
     failures = out.split("over the run budget")[-1]
     assert rc == 1 and "prune:" in failures and not any(f"\n  {s}:" in failures for s in STAGES if s != "prune")
     # 40% more everywhere: the total fails, and no stage for it
@@ -104,7 +140,7 @@ def test_a_new_stage_must_be_recorded_and_a_vanished_one_is_reported(tmp_path, r
     rc, out = check(tmp_path, recorded, {k: v for k, v in STAGES.items() if k != "summary"}, name="gone")
     assert rc == 0 and "| summary | 20.0 | - |" in out and "summary: recorded (20.0 s) but did not run" in out
     # recorded again, it passes, with the tolerances kept
-    budget.record("run", budget.run_parts(tmp_path / "new"), recorded)
+    budget.record("run", budget.run_parts(tmp_path / "new"), recorded, reference=2.0)
     assert check(tmp_path, recorded, {**STAGES, "masked_other": 30.0}, name="new2")[0] == 0
 
 
