@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, event, example, given, note, settings
+from hypothesis import HealthCheck, Phase, assume, event, example, given, note, settings
 from hypothesis import strategies as st
 
 from oattn_lib.config import ConfigError, n_tokens, n_units, validate_config
@@ -444,22 +444,54 @@ def assert_started_or_stopped_naming_a_key(proc, config: dict, results: Path) ->
     return False
 
 
-@pytest.mark.workflow  # Snakemake's start-up, 12 times: about 30 s
-@settings(max_examples=12, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def _refused(config: dict) -> str | None:
+    """The ConfigError line `validate_config` stops `config` with, as the Snakefile calls it
+    (the disk checked at the start of a real run only); None where it accepts the config."""
+    try:
+        validate_config(copy.deepcopy(config), SCHEMA, check_disk=False)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+# Snakemake's start-up and planning, 7 times. Drawn configs that validation refuses are left out:
+# the Snakefile stops them at its first call, validate_config, whose line for any drawn config
+# test_validation_accepts_or_stops_with_one_line_naming_a_key holds, and the way Snakemake shows
+# that line test_dry_run_shows_the_line_validation_stops_with holds; the configs validation
+# accepts are the ones whose planning (input functions, params, the disk check) can still fail.
+@pytest.mark.workflow
+@settings(max_examples=7, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(config=configs())
-@example(config={**TINY, "results": RESULTS, "prune": {"held_out": {"texts": f"{FILES}/missing"}}})
 def test_dry_run_plans_or_stops_with_one_line_naming_a_key(config, files, tmp_path_factory):
-    """`snakemake -n` on any drawn config plans its jobs, or exits with the ConfigError line naming
-    a key; never the traceback or the name of another exception."""
+    """`snakemake -n` on any drawn config that validation accepts plans its jobs, or exits with
+    the ConfigError line naming a key; never the traceback or the name of another exception."""
     workdir = tmp_path_factory.mktemp("fuzz_dry_run")
     config = placed(config, files, workdir / "results")
+    assume(_refused(config) is None)
     note(f"config: {config!r}")
     proc = snakemake(workdir, config, "-n", check=False)
     planned = assert_started_or_stopped_naming_a_key(proc, config, workdir / "results")
     event("planned" if planned else "stopped: ConfigError")
     if planned:
         assert planned_jobs(proc).get("all") == 1, (proc.stdout + proc.stderr)[-4000:]
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("section", [
+    {"prune": {"held_out": {"texts": f"{FILES}/missing"}}},  # a path: checked after the schema
+    {"organize": {"n_iters": {"nested": {"deeper": 1}}}},  # a value whose repr has braces
+])
+def test_dry_run_shows_the_line_validation_stops_with(section, files, tmp_path_factory):
+    """A config validation refuses stops `snakemake -n` with exactly validate_config's line, shown
+    as one ConfigError line naming the key; never the traceback or the name of another exception."""
+    workdir = tmp_path_factory.mktemp("fuzz_dry_run")
+    config = placed({**TINY, "results": RESULTS, **section}, files, workdir / "results")
+    line = _refused(config)
+    assert line is not None
+    proc = snakemake(workdir, config, "-n", check=False)
+    assert not assert_started_or_stopped_naming_a_key(proc, config, workdir / "results")
+    assert CONFIG_ERROR.search(proc.stdout + proc.stderr).group("message") == line
 
 
 # -- real runs -----------------------------------------------------------------------------------------
