@@ -20,11 +20,9 @@ measures again and fails when
 The failures name the parts that grew most, largest growth first; a total over its budget names
 the three parts that added most to it.
 
-Two factors, because neither alone does both jobs. Machines differ most in interpreted Python
-(CI's ran the suite's imports, parsing and subprocess-heavy modules 1.8 times slower than the
-recording machine, and its NumPy-bound modules as fast), so an absolute CPU total fails on a
-slower machine for nothing. The parts' median follows the machine, but also a change that slows
-every part alike; the reference workload moves with the machine only, so it holds the total,
+Two factors, because neither alone does both jobs. Machines differ (AVX-512 or not, clock,
+caches), so an absolute CPU total fails on a slower machine for nothing. The parts' median
+follows the machine, but also a change that slows every part alike; the reference workload moves with the machine only, so it holds the total,
 and a change adding a quarter to every part fails. Where the two factors disagree by more than
 `tolerance` the check says so: the workload does not stand for the machine there, or most parts
 grew.
