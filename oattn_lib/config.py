@@ -188,6 +188,25 @@ def defaults_validator(schema: dict):
     return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
 
 
+_SCHEMAS: dict[tuple, dict] = {}
+
+
+def load_schema(schema_path) -> dict:
+    """The schema at `schema_path`, parsed once per process while the file is unchanged (its
+    path, size and modification time), and given as a copy of its own: validation reads it and
+    must never see a change a caller made. Parsing its YAML takes most of a validation (libyaml
+    where PyYAML has it, else the pure-Python parser), and the suite and a notebook validate
+    many configs."""
+    path = Path(schema_path).resolve()
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _SCHEMAS:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        _SCHEMAS.clear()
+        _SCHEMAS[key] = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 (a safe loader)
+    return copy.deepcopy(_SCHEMAS[key])
+
+
 def validate_config(config: dict, schema_path: str, *, check_disk: bool = True) -> None:
     """Coerce values to the schema's types, validate (filling in defaults), run
     `check_config`, and put the config in canonical key order, all in place. With
@@ -200,8 +219,7 @@ def validate_config(config: dict, schema_path: str, *, check_disk: bool = True) 
     """
     import jsonschema
 
-    with open(schema_path) as f:
-        schema = yaml.safe_load(f)
+    schema = load_schema(schema_path)
     coerce_config(config, schema)
     # the schema's default `{}` is one object: filled in place for one model, it would be
     # shared by the next model that omits the same section

@@ -322,3 +322,28 @@ def test_batch_jobs_cut_each_model_into_runs_of_consecutive_samples():
         "extract", "extract", "organize2d", "organize2d"]
     assert [rule_stage(r) for r in ("organize", "explorer_samples", "softmax_free_train", "organize_batch_x_batch_y")] \
         == ["organize", "explorer_samples", "softmax_free_train", "organize"]
+
+
+def test_the_schema_is_parsed_once_and_read_again_when_it_changes(tmp_path, monkeypatch):
+    """validate_config parses the schema once per process while the file is unchanged, hands
+    out copies (a caller's change never reaches the next validation), and reads an edited
+    schema again."""
+    import oattn_lib.config as config_mod
+
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(Path(SCHEMA).read_text())
+    parsed = []
+    real = yaml.load
+    # load_schema's parse (yaml.safe_load, which validation calls on values, passes its loader
+    # positionally)
+    monkeypatch.setattr(config_mod.yaml, "load", lambda *a, **k: ("Loader" in k and parsed.append(1)) or real(*a, **k))
+    default = yaml.safe_load((REPO / "config.yaml").read_text())
+    config_mod.load_schema(schema)["properties"].clear()  # a caller's change to its copy
+    for _ in range(3):
+        cfg = copy.deepcopy(default)
+        validate_config(cfg, str(schema), check_disk=False)
+        assert cfg["entropy"]["head_top_k"] == default["entropy"]["head_top_k"]
+    assert len(parsed) == 1
+    # an edited file is read again
+    schema.write_text(schema.read_text() + "\n# edited\n")
+    assert config_mod.load_schema(schema) is not None and len(parsed) == 2
