@@ -132,3 +132,18 @@ def test_the_citation_check_flags_missing_sections(text, bad):
 ])
 def test_the_mention_check_flags_private_documents_and_issue_numbers(text, n_hits):
     assert len(forbidden_mentions(text)) == n_hits
+
+
+def test_the_readme_states_the_latest_fresh_clone_figure_of_each_command():
+    """The README's figure for `make run` and for `make test` is the latest fresh-clone row of
+    bench/fresh_clone.csv for that command (set-up included), so that a new measurement
+    recorded there and not in the README, or a figure typed by hand, fails."""
+    import csv
+
+    rows = list(csv.DictReader((ROOT / "bench" / "fresh_clone.csv").open()))
+    readme = (ROOT / "README.md").read_text()
+    for command in ("run", "test"):
+        latest = [r for r in rows if r["command"] == command and r["note"].startswith("fresh clone") and r["total_s"]][-1]
+        total = float(latest["total_s"])
+        figure = f"{int(total // 60)} min {int(total) % 60:02d} s on a fresh clone"
+        assert figure in readme, (command, figure, latest)
