@@ -543,8 +543,15 @@ def haar_sweep(x: torch.Tensor, tree: PartitionTree, dim: int, inverse: bool = F
     """
     sp = splits(tree)
     n = sp.n
+    # the kernel indexes by the tree without bounds checks: a tree of another length (the query
+    # tree given for the keys) would read and write outside the tensor, or crash the process
+    if not -x.dim() <= dim < x.dim() or x.shape[dim] != n:
+        raise ValueError(f"haar_sweep: axis {dim} of a tensor of shape {tuple(x.shape)} does not have the "
+                         f"tree's {n} leaves")
     if out is None:
         out = empty(x.shape, x)
+    elif tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"haar_sweep: out has shape {tuple(out.shape)}, expected {tuple(x.shape)}")
     size = sp.size.astype(np.float64)
     sl, sr, sv = size[sp.left], size[sp.right], size[n:]
     if _numba_ok(x) and not inverse:

@@ -359,3 +359,19 @@ def test_trihaar_into_a_reused_buffer_is_the_same_coefficients_whatever_it_held(
         trihaar(X, *trees, out=torch.zeros(x.shape, dtype=torch.float64))
     with pytest.raises(ValueError, match="overwrite and out exclude each other"):
         trihaar(X, *trees, out=buf, overwrite=True)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_a_tree_of_another_length_is_refused_naming_the_shape(inverse):
+    """The sweep's kernel indexes by the tree without bounds checks: a tree of another length
+    than its axis (the query tree given for the keys) is a ValueError naming the axis, the
+    shape and the leaves, never a write outside the tensor; so is an `out` of another shape."""
+    x = torch.rand(7, 5, 3, dtype=torch.float64)
+    tree = balanced_tree(np.arange(7))
+    haar_sweep(x, tree, 0, inverse=inverse)  # the right axis
+    with pytest.raises(ValueError, match=r"axis 1 of a tensor of shape \(7, 5, 3\) does not have the tree's 7 leaves"):
+        haar_sweep(x, tree, 1, inverse=inverse)
+    with pytest.raises(ValueError, match="axis 3"):
+        haar_sweep(x, tree, 3, inverse=inverse)
+    with pytest.raises(ValueError, match=r"out has shape \(7, 5\), expected \(7, 5, 3\)"):
+        haar_sweep(x, tree, 0, inverse=inverse, out=torch.empty(7, 5, dtype=torch.float64))
