@@ -344,3 +344,25 @@ def test_organize_and_decompose_on_cuda_give_the_cpu_results(run, tmp_path):
     b = xr.open_zarr(res / "decomposed" / "sample0.zarr", consolidated=False)
     np.testing.assert_allclose(a["trihaar_coarse"].values, b["trihaar_coarse"].values, atol=1e-5)
     np.testing.assert_allclose(a["bihaar_level_l2sq"].values, b["bihaar_level_l2sq"].values, rtol=1e-5)
+
+
+def test_theorem1_measures_the_first_samples_it_is_given(run, tmp_path):
+    """theorem1.samples k (the default run's 3): the theorem1 job of a model reads the first k
+    samples' attention, and its table holds those samples, every head of each; `all` (the tiny
+    run's) every sample."""
+    import shutil
+
+    target = "results/txl/figures/theorem1.csv"
+    whole = pd.read_csv(run / target)
+    assert sorted(whole["sample"].unique()) == [0, 1]
+    cfg = copy.deepcopy(TINY)
+    cfg["theorem1"] = {**cfg.get("theorem1", {}), "samples": 1}
+    work = tmp_path / "theorem1"
+    shutil.copytree(run / "results", work / "results")
+    shutil.copytree(run / ".snakemake", work / ".snakemake", ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
+    proc = snakemake(work, cfg, target)
+    assert re.findall(r"rule (\w+):", proc.stdout + proc.stderr) == ["theorem1"]
+    first = pd.read_csv(work / target)
+    assert sorted(first["sample"].unique()) == [0]
+    heads = lambda t: sorted(set(zip(t["layer"], t["head"])))  # noqa: E731
+    assert heads(first) == heads(whole[whole["sample"] == 0])
