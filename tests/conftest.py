@@ -4,7 +4,6 @@ Tiny models run faster on one thread than on two competing ones, and a test suit
 runs beside other work must not oversubscribe the cores.
 """
 import os
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,40 +54,6 @@ def clean_run(tmp_path_factory):
                     ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
     shutil.copy2(shared / "config.yaml", workdir / "config.yaml")
     return workdir
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Order the test modules for the workers, keeping each module's own order.
-
-    xdist (LoadScope, below) hands the modules out in this order, one at a time to whichever
-    worker is nearly idle. The shared run (`clean_run`) takes minutes to build, and a worker
-    that asks for it while another builds it waits. So the first module is the cheapest one
-    that reads it (its worker starts the build at once); then every module that does not read
-    it, so that the other worker keeps busy meanwhile; then the rest of the readers. Within
-    each group the costliest module comes first (its CPU-seconds in bench/budget.yaml, the
-    record of the last measured run), so that no long module is left for the end while the
-    other worker has nothing to do. Without the record, the collection order is kept."""
-    try:
-        import yaml
-
-        cost = yaml.safe_load((Path(__file__).resolve().parents[1] / "bench" / "budget.yaml").read_text())
-        cost = {k: float(v) for k, v in cost["test"]["parts"].items()}
-    except (OSError, KeyError, TypeError, ValueError):
-        return
-    modules: dict[str, list] = {}
-    for item in items:
-        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    readers = [m for m, its in modules.items() if any("clean_run" in it.fixturenames for it in its)]
-    others = [m for m in modules if m not in readers]
-
-    def costliest_first(names):
-        return sorted(names, key=lambda m: -cost.get(m, 0.0))  # stable: unknown modules keep their order
-
-    order = costliest_first(others)
-    if readers:
-        first = min(readers, key=lambda m: cost.get(m, float("inf")))
-        order = [first] + order + costliest_first(r for r in readers if r != first)
-    items[:] = [item for m in order for item in modules[m]]
 
 
 def pytest_xdist_make_scheduler(config, log):
