@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -50,13 +49,10 @@ _UNIT_DIMS = ("query", "key", "unit")
 
 
 # -- defaults: the workflow's, from its config schema ------------------------------------------
-@lru_cache(maxsize=1)
 def _schema() -> dict:
-    import yaml
+    from .config import SCHEMA, load_schema
 
-    from .config import SCHEMA
-
-    return yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+    return load_schema(SCHEMA)
 
 
 def _defaults(section: str) -> dict:
