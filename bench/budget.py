@@ -22,8 +22,9 @@ the three parts that added most to it.
 
 Two factors, because neither alone does both jobs. Machines differ (AVX-512 or not, clock,
 caches), so an absolute CPU total fails on a slower machine for nothing. The parts' median
-follows the machine, but also a change that slows every part alike; the reference workload moves with the machine only, so it holds the total,
-and a change adding a quarter to every part fails. Where the two factors disagree by more than
+follows the machine, but also a change that slows every part alike; the reference workload
+moves with the machine only, so it holds the total, and a change adding a quarter to every
+part fails. Where the two factors disagree by more than
 `tolerance` the check says so: the workload does not stand for the machine there, or most parts
 grew.
 
@@ -35,9 +36,9 @@ and of the processes it waited for; a session fixture's build under `fixture:<na
 process's start-up and collection, outside any test, under `session:collection`).
 
     python bench/budget.py run results              # check the default run's logs
-    python bench/budget.py test /tmp/cpu            # check a suite run with OATTN_TEST_CPU_DIR=/tmp/cpu
+    python bench/budget.py test CPU_DIR             # check a suite run with OATTN_TEST_CPU_DIR=CPU_DIR
     python bench/budget.py record run results       # write the measured breakdown into budget.yaml
-    python bench/budget.py record test /tmp/cpu
+    python bench/budget.py record test CPU_DIR
 
 Raising a budget is a commit that says why (what was added, what it costs).
 """
