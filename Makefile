@@ -1,13 +1,15 @@
 # Two entry points for a fresh machine (see README): `make run` and `make test`.
-# Both create .venv from the pinned requirements when it is missing or out of date. pip installs
-# without compiling (--no-compile: it compiles one file at a time); compileall then compiles the
-# environment and the library on every core. Compiling ahead is not optional: where
-# PYTHONDONTWRITEBYTECODE is set (CI's machines, this project's sandboxes) Python never writes the
-# bytecode of what it imports, so every job and test process would compile torch, transformers,
-# xarray and Snakemake from source at each start. Left out: the libraries' own test suites,
-# pip's and setuptools' code, and the model files of transformers other than those the
-# project's kinds and tests load (a user's model compiles its one file at import). Files that
-# do not compile on this Python (test helpers in newer syntax) are skipped, as pip skips them.
+# Both create .venv from the pinned requirements when it is missing or out of date:
+# envs/install.py installs them with uv (wheels unpacked in parallel, pip's own settings for
+# where packages come from passed on), or with pip where uv cannot be had, without compiling;
+# compileall then compiles the environment and the library on every core. Compiling ahead is
+# not optional: where PYTHONDONTWRITEBYTECODE is set (CI's machines, this project's sandboxes)
+# Python never writes the bytecode of what it imports, so every job and test process would
+# compile torch, transformers, xarray and Snakemake from source at each start. Left out: the
+# libraries' own test suites, pip's and setuptools' code, and the model files of transformers
+# other than those the project's kinds and tests load (a user's model compiles its one file at
+# import). Files that do not compile on this Python (test helpers in newer syntax) are skipped,
+# as pip skips them.
 NOT_COMPILED := /tests?/|/testing/_internal/|/site-packages/(pip|setuptools|pkg_resources|_distutils_hack)/|/transformers/models/(?!(auto|llama|bert|t5|gpt2|vit)/)
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -16,12 +18,9 @@ CORES ?= 2
 
 .PHONY: run test test-slow test-all report clean-results
 
-$(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml envs/install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile -r requirements.txt
-	$(BIN)/pip install --quiet --no-compile --no-deps -r requirements-data.txt
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/python envs/install.py $(VENV)
 	$(BIN)/python -m compileall -qq -j 0 -x '$(NOT_COMPILED)' $(VENV)/lib oattn_lib scripts || true
 	touch $@
 
