@@ -60,6 +60,57 @@ def library_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+class LibrarySnapshot:
+    """The library's files read once, for a process that fingerprints many scripts while the
+    library does not change: a Snakefile's parse, where every rule's `code` param fingerprints
+    its script (about 140 rules, sharing most modules) and the fingerprints are fixed once
+    parsed. Used as `with snapshot:` around the calls; entering again reuses what the last
+    `with` read. Outside a `with`, every call reads the files afresh.
+
+    Kept: which file a module name resolves to, each file's text, each module's digest line and
+    each script's or module's closure, by path and name."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple, object] = {}
+        self._outer: LibrarySnapshot | None = None
+
+    def __enter__(self) -> LibrarySnapshot:
+        global _SNAPSHOT
+        self._outer, _SNAPSHOT = _SNAPSHOT, self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _SNAPSHOT
+        _SNAPSHOT, self._outer = self._outer, None
+
+
+_SNAPSHOT: LibrarySnapshot | None = None
+
+
+def _snapshotted(kind: str):
+    """`func`'s result memoised in the active `LibrarySnapshot` (none outside a `with`) by
+    `kind` and its arguments, which must be hashable."""
+    def wrap(func):
+        def inner(*args):
+            if _SNAPSHOT is None:
+                return func(*args)
+            key = (kind, *args)
+            memo = _SNAPSHOT.memo
+            if key not in memo:
+                memo[key] = func(*args)
+            return memo[key]
+        inner.__wrapped__ = func
+        inner.__doc__ = func.__doc__
+        return inner
+    return wrap
+
+
+@_snapshotted("text")
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+@_snapshotted("file")
 def _module_file(root: Path, name: str) -> Path | None:
     parts = name.split(".")
     base = root.joinpath(*parts)
@@ -162,9 +213,10 @@ def _module_files(root: str) -> str:
     return "\n".join(sorted(str(p.relative_to(root)) for p in base.rglob("*.py")))
 
 
+@_snapshotted("imports")
 def _module_imports(root: Path, name: str | None, path: Path) -> _Imports:
     """`_imported_modules` of the file `path`, computed once per text of the file."""
-    return _imports_of_text(str(root), name, path.read_text(encoding="utf-8"), str(path))
+    return _imports_of_text(str(root), name, _text(path), str(path))
 
 
 @lru_cache(maxsize=4096)
@@ -239,10 +291,11 @@ def module_closure(script: str | os.PathLike, root: str | os.PathLike | None = N
     """Every `oattn_lib` module that `script` (a file) imports, transitively, sorted."""
     root = Path(root) if root is not None else library_root()
     imports = _module_imports(root, None, Path(script).resolve())
-    return _closure(root, imports.named, imports.parents)
+    return list(_closure(root, imports.named, imports.parents))
 
 
-def _closure(root: Path, named, parents=()) -> list[str]:
+@_snapshotted("closure")
+def _closure(root: Path, named, parents=()) -> tuple[str, ...]:
     """`named` and `parents` (as in `_Imports`) and what they import, transitively: a package
     reached only as a parent adds its code and its own imports, not its lazy exports."""
     todo = [(m, True) for m in named] + [(m, False) for m in parents]
@@ -259,7 +312,7 @@ def _closure(root: Path, named, parents=()) -> list[str]:
         if by_name:
             full.add(mod)
             todo += [(m, True) for m in imports.lazy]
-    return sorted(seen)
+    return tuple(sorted(seen))
 
 
 def _strip_docstrings(tree: ast.Module) -> ast.Module:
@@ -273,7 +326,7 @@ def _strip_docstrings(tree: ast.Module) -> ast.Module:
 
 
 def _code_digest(path: Path) -> str:
-    return _digest_of_text(path.read_text(encoding="utf-8"))
+    return _digest_of_text(_text(path))
 
 
 @lru_cache(maxsize=4096)
@@ -317,7 +370,7 @@ def _assets_of_text(text: str, filename: str) -> tuple[str, ...]:
 def _assets_digest(label: str, path: Path) -> str:
     """Lines naming each asset `path` declares and the SHA-256 of its bytes; "" for none."""
     out = []
-    for name in _assets_of_text(path.read_text(encoding="utf-8"), str(path)):
+    for name in _assets_of_text(_text(path), str(path)):
         asset = path.parent / name
         try:
             data = asset.read_bytes()
@@ -340,6 +393,7 @@ def code_fingerprint(script: str | os.PathLike, root: str | os.PathLike | None =
     return h.hexdigest()[:16]
 
 
+@_snapshotted("digest")
 def _module_digest(root: Path, mod: str) -> str:
     path = _module_file(root, mod)
     return f"\n{mod}:{_code_digest(path)}" + _assets_digest(mod, path)
@@ -350,7 +404,7 @@ def modules_fingerprint(modules, root: str | os.PathLike | None = None) -> str:
     library module they import, without a script."""
     root = Path(root) if root is not None else library_root()
     h = hashlib.sha256()
-    for mod in _closure(root, modules):
+    for mod in _closure(root, tuple(modules)):
         h.update(_module_digest(root, mod).encode())
     return h.hexdigest()[:16]
 

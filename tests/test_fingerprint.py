@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 from snakemake.settings.types import RerunTrigger
 
-from oattn_lib.fingerprint import (SnakemakeInternalsError, code_fingerprint, code_version, declared_assets,
-                                   module_closure, snakemake_internals_problems)
+from oattn_lib.fingerprint import (LibrarySnapshot, SnakemakeInternalsError, code_fingerprint, code_version,
+                                   declared_assets, module_closure, modules_fingerprint,
+                                   snakemake_internals_problems)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,6 +64,28 @@ def test_a_code_edit_changes_exactly_the_stages_that_run_it(project):
     edit(project / "oattn_lib" / "plots" / "style.py", "DPI = ", "_UNUSED = 0\nDPI = ")
     changed = {s for s, v in fingerprints(project).items() if v != before[s]}
     assert changed == {"figures", "prune"}  # prune draws Figure 7
+
+
+def test_a_snapshot_reads_each_library_once_and_gives_the_same_fingerprints(project, tmp_path):
+    """The Snakefile fingerprints every rule inside one LibrarySnapshot: the same values as
+    without it, each library root its own, and an edit seen by the next snapshot only."""
+    other = tmp_path / "other"
+    shutil.copytree(project / "scripts", other / "scripts")
+    shutil.copytree(project / "oattn_lib", other / "oattn_lib")
+    edit(other / "oattn_lib" / "questionnaire.py", "def questionnaire3d(", "def _edited():\n    return 1\n\n\ndef questionnaire3d(")
+    plain = fingerprints(project), fingerprints(other), modules_fingerprint(["oattn_lib.emd"], project)
+    snapshot = LibrarySnapshot()
+    with snapshot:
+        # in turns, so that a memo keyed without its root would hand one library's to the other
+        assert (fingerprints(project), fingerprints(other), modules_fingerprint(["oattn_lib.emd"], project)) == plain
+    assert plain[0]["organize"] != plain[1]["organize"] and plain[0]["train"] == plain[1]["train"]
+    q = project / "oattn_lib" / "questionnaire.py"
+    edit(q, "def questionnaire3d(", "def _edited():\n    return 1\n\n\ndef questionnaire3d(")
+    with snapshot:  # read before the edit: the Snakefile's view of the library while it parses
+        assert fingerprints(project)["organize"] == plain[0]["organize"]
+    assert fingerprints(project)["organize"] == plain[1]["organize"]  # outside: read afresh
+    with LibrarySnapshot():
+        assert fingerprints(project)["organize"] == plain[1]["organize"]
 
 
 def test_the_lazily_exported_api_is_in_no_stage(project):
