@@ -2,8 +2,9 @@
 
 With OATTN_TEST_CPU_DIR set, every process that runs tests (an xdist worker, or pytest itself
 with -n 0) measures the CPU time (user and system) of itself and of the child processes it
-waited for (the Snakemake runs, the jobs' interpreters) around each test's setup, call and
-teardown, adds it to the test's module, and at the end writes
+waited for (the Snakemake runs, the jobs' interpreters; the Snakemake commands that
+tests/wfutil.py forks from its command server, which are not its children, as it reports them)
+around each test's setup, call and teardown, adds it to the test's module, and at the end writes
 `$OATTN_TEST_CPU_DIR/<worker>.json` = {"modules": {"tests/test_x.py": s, ...}, "total": s}, the
 total being the process's whole CPU time: what it spent outside any test (the interpreter's
 start-up, the imports of collecting every module, which each xdist worker does) is the part
@@ -31,7 +32,16 @@ _building: list[float] = []  # per session fixture being built, outermost first:
 
 def _cpu() -> float:
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _forked()
+
+
+def _forked() -> float:
+    """CPU of the Snakemake commands that tests/wfutil.py ran in processes forked from its
+    command server: this process waited for them, but they are not its children."""
+    import sys
+
+    wfutil = sys.modules.get("wfutil")
+    return wfutil.forked_cpu_unreaped() if wfutil is not None else 0.0
 
 
 if _DIR:
@@ -66,6 +76,10 @@ if _DIR:
     def pytest_sessionfinish(session):
         if not _modules:  # the xdist controller runs no test
             return
+        import sys
+
+        if "wfutil" in sys.modules:  # its command server's own CPU, once it has ended
+            sys.modules["wfutil"].stop_server()
         out = Path(_DIR)
         out.mkdir(parents=True, exist_ok=True)
         _modules["session:collection"] = _cpu() - sum(_modules.values())

@@ -151,6 +151,47 @@ def test_no_logs_is_an_error_naming_the_directory(tmp_path):
         budget.run_parts(tmp_path)
 
 
+@pytest.mark.workflow
+def test_a_snakemake_command_forked_from_the_server_is_counted_once(tmp_path):
+    """The suite runs its Snakemake commands in processes forked from a command server
+    (tests/wfutil.py): not the test process's children. The test that ran one is charged its
+    CPU, jobs included, as with a subprocess; and once the server, which waited for them, is
+    reaped at the end, they are not counted again in the process's total."""
+    (tmp_path / "burn.py").write_text("import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5:\n"
+                                      "    pass\nopen('burnt.txt', 'w').close()\n")
+    (tmp_path / "Snakefile").write_text(f'rule burn:\n    output: "burnt.txt"\n    shell: "{sys.executable} {tmp_path / "burn.py"}"\n')
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["cpu_budget"]\n')
+    (tmp_path / "test_s.py").write_text(textwrap.dedent("""
+        from pathlib import Path
+        import wfutil
+        def test_burn(tmp_path):
+            proc = wfutil.run_snakemake(["-s", str(Path(__file__).with_name("Snakefile")), "--cores", "1",
+                                         "--directory", str(tmp_path)], cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            assert (tmp_path / "burnt.txt").exists()
+    """))
+    got, uncounted = {}, {}
+    for fork in ("1", "0"):
+        cpu = tmp_path / f"cpu{fork}"
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
+               "OATTN_TEST_CPU_DIR": str(cpu), "PYTHONPATH": str(REPO / "tests"), "OATTN_TEST_FORK": fork}
+        log = tmp_path / f"pytest{fork}.log"
+        with open(log, "w") as out:
+            child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                                      "test_s.py"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)  # the whole pytest process's CPU, descendants included
+        assert os.waitstatus_to_exitcode(status) == 0, log.read_text()
+        got[fork] = json.loads((cpu / "main.json").read_text())
+        uncounted[fork] = usage.ru_utime + usage.ru_stime - got[fork]["total"]
+    # what the plugin misses of the process's CPU (its exit, after the plugin wrote its file) is
+    # the same with and without the server: the forked commands counted once, none missed
+    assert abs(uncounted["1"] - uncounted["0"]) < 0.6, uncounted
+    forked, plain = got["1"]["modules"], got["0"]["modules"]
+    # the job's 1.5 s and Snakemake's own work; without the server, Snakemake's imports too
+    assert 1.5 <= forked["test_s.py"] < plain["test_s.py"] + 0.5
+    assert plain["test_s.py"] < 1.5 + 6
+    assert sum(forked.values()) == pytest.approx(got["1"]["total"])
+
 def test_the_plugin_counts_children_and_session_fixtures_apart(tmp_path):
     """A test that waits for a child process burning CPU is charged that CPU; a session
     fixture's build is charged to fixture:<name>, not to the module that first asked for it,

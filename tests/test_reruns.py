@@ -17,7 +17,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from wfutil import REPO, TINY, by_stage, planned_jobs, reordered
+from wfutil import REPO, TINY, by_stage, planned_jobs, reordered, run_snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -64,7 +64,7 @@ def run(project: Path, argv: list[str]) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "snakemake", *argv[1:]]
     if "-n" not in argv:
         argv.append("-n")
-    return subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=600)
+    return run_snakemake(argv[3:], cwd=project, timeout=600)
 
 
 def dry_run(project: Path, *args: str) -> dict[str, int]:

@@ -3,8 +3,12 @@ Snakemake 9.10-9.16 that the pinned version (requirements.txt, the Snakefile's `
 fixed, held here so that another pin cannot bring them back unnoticed."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 # one job alone first (prepare), then three that each need every core
 SNAKEFILE = """
@@ -47,3 +51,61 @@ def test_a_target_no_rule_makes_is_named_not_a_traceback(tmp_path):
     assert run.returncode != 0
     assert f"No rule to produce {bad}" in out, out[-3000:]
     assert "is_storage" not in out
+
+
+# -- the suite's Snakemake commands (tests/wfutil.py run_snakemake, tests/snakemake_server.py) --
+SERVED = """
+import os
+rule all:
+    input: "env.txt", "where.txt"
+
+rule env:
+    output: "env.txt"
+    shell: "echo $OATTN_SERVED_VALUE > {output}"
+
+rule where:
+    output: "where.txt"
+    run:
+        import sys
+        with open(output[0], "w") as fh:
+            print(os.getcwd(), sys.argv[0].endswith("__main__.py"), file=fh)
+
+rule wait:
+    output: "never.txt"
+    shell: "echo $$ > pid.txt; sleep 300; touch {output}"
+"""
+
+
+def test_a_command_forked_from_the_server_is_the_command_run_as_a_subprocess(tmp_path, monkeypatch):
+    """The suite's Snakemake commands run in processes forked from a server that imported
+    Snakemake once: each in its own directory and this process's environment at the call, with
+    Snakemake's exit status and its output as `python -m snakemake` gives them; a command past
+    its timeout raises TimeoutExpired and its jobs are killed with it."""
+    from wfutil import run_snakemake
+
+    (tmp_path / "Snakefile").write_text(SERVED)
+    runs = {}
+    for fork in ("0", "1"):
+        monkeypatch.setenv("OATTN_TEST_FORK", fork)
+        monkeypatch.setenv("OATTN_SERVED_VALUE", f"value-{fork}")
+        work = tmp_path / f"w{fork}"
+        work.mkdir()
+        (work / "Snakefile").write_text(SERVED)
+        ok = run_snakemake(["--cores", "1", "-q"], cwd=work, timeout=120)
+        bad = run_snakemake(["--cores", "1", "--no-such-option"], cwd=work, timeout=120)
+        missing = run_snakemake(["--cores", "1", "nothing-makes-this.txt"], cwd=work, timeout=120)
+        runs[fork] = (ok.returncode, (work / "env.txt").read_text(), (work / "where.txt").read_text().replace(str(work), "W"),
+                      bad.returncode, bad.stderr.splitlines()[-1], missing.returncode,
+                      "nothing-makes-this.txt" in missing.stdout + missing.stderr)
+    assert runs["1"][:1] == (0,) and runs["1"][1] == "value-1\n"
+    assert runs["1"][2:] == runs["0"][2:] and runs["0"][1] == "value-0\n"
+    assert runs["1"][3] == 2 and "unrecognized arguments: --no-such-option" in runs["1"][4]
+    work = tmp_path / "w1"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_snakemake(["--cores", "1", "never.txt"], cwd=work, timeout=3)
+    pid = int((work / "pid.txt").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and \
+            not open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"

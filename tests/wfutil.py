@@ -1,9 +1,18 @@
 """Running the real workflow from tests: a tiny config, snakemake in a temporary directory."""
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
+import os
 import re
+import select
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -18,12 +27,104 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 TINY = {**yaml.safe_load((REPO / "workflow" / "presets" / "test.yaml").read_text()), "results": "results"}
 
 
+# CPU-seconds of the commands run_snakemake ran in processes forked from the command server:
+# not this process's children, so resource.RUSAGE_CHILDREN misses them until the server, which
+# waited for them, is itself reaped (stop_server); [forked, of which in RUSAGE_CHILDREN since]
+FORKED_CPU = [0.0, 0.0]
+
+
+def forked_cpu_unreaped() -> float:
+    """CPU of the forked commands that this process's RUSAGE_CHILDREN does not hold yet."""
+    return FORKED_CPU[0] - FORKED_CPU[1]
+
+
+class _Server:
+    """This process's Snakemake command server (tests/snakemake_server.py), started on first use
+    and again if it died."""
+    proc: subprocess.Popen | None = None
+    outdir: str | None = None
+    pending = b""
+
+    @classmethod
+    def get(cls) -> subprocess.Popen:
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.outdir = tempfile.mkdtemp(prefix="oattn-snakemake-")
+            cls.pending = b""
+            cls.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("snakemake_server.py"))],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, cwd=REPO)
+            atexit.register(cls.stop)
+        return cls.proc
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.proc is not None and cls.proc.poll() is None:
+            cls.proc.stdin.close()
+            cls.proc.wait(timeout=60)
+            FORKED_CPU[1] = FORKED_CPU[0]  # the server's children came with it
+        if cls.outdir:
+            shutil.rmtree(cls.outdir, ignore_errors=True)
+        cls.proc = cls.outdir = None
+
+
+def stop_server() -> None:
+    """End this process's command server, if one runs (it is reaped: its CPU is a child's)."""
+    _Server.stop()
+
+
+def _reply(server: subprocess.Popen, deadline: float | None) -> dict | None:
+    """The server's next reply line, or None when `deadline` (time.monotonic) passes first.
+    Read from the pipe's descriptor, with the bytes after the line kept for the next call (a
+    buffered reader would hold a line that select cannot see)."""
+    fd = server.stdout.fileno()
+    while b"\n" not in _Server.pending:
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not select.select([fd], [], [], wait)[0]:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise RuntimeError("the Snakemake command server ended (tests/snakemake_server.py)")
+        _Server.pending += chunk
+    line, _Server.pending = _Server.pending.split(b"\n", 1)
+    return json.loads(line)
+
+
+def run_snakemake(args: list[str], cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """`python -m snakemake ARGS` in `cwd` with this process's environment, as subprocess.run
+    with capture_output and text would run it (TimeoutExpired after `timeout` s, the command and
+    its jobs killed), in a process forked from the command server, which has imported Snakemake
+    already. Its CPU time goes to FORKED_CPU (tests/cpu_budget.py counts it with this process's).
+    OATTN_TEST_FORK=0 runs each command with subprocess instead."""
+    argv = SNAKEMAKE + [str(a) for a in args]
+    if os.environ.get("OATTN_TEST_FORK", "1") == "0":
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    server = _Server.get()
+    out = Path(tempfile.mkstemp(dir=_Server.outdir, suffix=".out")[1])
+    err = Path(tempfile.mkstemp(dir=_Server.outdir, suffix=".err")[1])
+    try:
+        server.stdin.write((json.dumps({"args": argv[3:], "cwd": str(Path(cwd).absolute()), "env": dict(os.environ),
+                                        "stdout": str(out), "stderr": str(err)}) + "\n").encode())
+        pid = _reply(server, None)["pid"]
+        reply = _reply(server, time.monotonic() + timeout)
+        timed_out = reply is None
+        if timed_out:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            reply = _reply(server, None)
+        FORKED_CPU[0] += reply["cpu_s"]
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        if timed_out:
+            raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(argv, reply["rc"], stdout, stderr)
+    finally:
+        out.unlink(missing_ok=True)
+        err.unlink(missing_ok=True)
+
+
 def snakemake(workdir: Path, config: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    proc = subprocess.run(SNAKEMAKE + ["-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-                                       "--configfile", str(cfg), "--cores", "2", *args],
-                          capture_output=True, text=True, timeout=1800)
+    proc = run_snakemake(["-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+                          "--configfile", str(cfg), "--cores", "2", *args], cwd=Path.cwd(), timeout=1800)
     if check and proc.returncode:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
