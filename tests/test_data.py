@@ -43,23 +43,52 @@ def corpus(named_corpus) -> list[str]:
     return [text for _, text in named_corpus]
 
 
-def _corpus_digest_in_subprocess(hash_seed: str) -> str:
+def _corpus_digest_in_subprocess(hash_seed: str, cache_dir: Path) -> str:
     code = ("import hashlib; from oattn_lib.data.text import stdlib_named_documents as f; "
             "h = hashlib.sha256()\n"
             "for n, t in f(): h.update(n.encode() + b'\\0' + t.encode() + b'\\1')\n"
             "print(h.hexdigest())")
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OATTN_CACHE_DIR": str(cache_dir)}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                          text=True, check=True, timeout=300)
     return out.stdout.strip()
 
 
-def test_stdlib_corpus_is_deterministic_across_processes(named_corpus):
-    # a different hash seed changes set/dict iteration order: the corpus must not care
+def test_stdlib_corpus_is_deterministic_across_processes(named_corpus, tmp_path):
+    # a different hash seed changes set/dict iteration order: the corpus must not care; built
+    # afresh there (an empty cache), it is the one this process has, which may come from the cache
     h = hashlib.sha256()
     for n, t in named_corpus:
         h.update(n.encode() + b"\0" + t.encode() + b"\1")
-    assert _corpus_digest_in_subprocess("12345") == h.hexdigest()
+    assert _corpus_digest_in_subprocess("12345", tmp_path / "cache") == h.hexdigest()
+    assert len(list((tmp_path / "cache").glob("stdlib-corpus-*.json"))) == 1  # and kept there
+
+
+def test_the_kept_corpus_follows_every_edit_of_the_sources(tmp_path, monkeypatch):
+    """The corpus is built once and kept in the cache directory; an edited, added or removed
+    source file gives the corpus of the new sources, never the kept one."""
+    monkeypatch.setenv("OATTN_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "lib"
+    src.mkdir()
+    (src / "a.py").write_text('"""First module."""\n')
+    (src / "b.py").write_text('"""Second module."""\n')
+
+    def files():
+        return {n: t for n, t in stdlib_named_documents(src) if not n.startswith("pydoc_data.topics/")}
+
+    assert files() == {"a.py": "First module.", "b.py": "Second module."}
+    kept = list((tmp_path / "cache").glob("stdlib-corpus-*.json"))
+    assert len(kept) == 1
+    assert files() == {"a.py": "First module.", "b.py": "Second module."}  # read back
+    (src / "a.py").write_text('"""Frist module."""\n')  # the same size: the time tells
+    os.utime(src / "a.py", ns=(1, 1))
+    assert files()["a.py"] == "Frist module."
+    (src / "b.py").unlink()
+    (src / "c.py").write_text('"""Third module."""\n')
+    assert files() == {"a.py": "Frist module.", "c.py": "Third module."}
+    for path in (tmp_path / "cache").glob("stdlib-corpus-*.json"):
+        path.write_text("not json")  # a damaged cache file is ignored: built again
+    assert files() == {"a.py": "Frist module.", "c.py": "Third module."}
 
 
 def test_stdlib_corpus_is_large_real_english(corpus):
@@ -92,7 +121,8 @@ def test_stdlib_corpus_is_not_python_code(corpus):
         assert all(isinstance(node, ast.Expr) for node in tree.body), d[:200]
 
 
-def test_stdlib_named_documents_skip_rules(tmp_path):
+def test_stdlib_named_documents_skip_rules(tmp_path, monkeypatch):
+    monkeypatch.setenv("OATTN_CACHE_DIR", str(tmp_path / "cache"))  # no corpus of a temporary directory kept
     def write(rel, text, raw=None):
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)

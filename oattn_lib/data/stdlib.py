@@ -78,11 +78,17 @@ def stdlib_named_documents(stdlib_dir: str | os.PathLike | None = None) -> list[
         raise FileNotFoundError(
             f"stdlib_dir: {str(root)!r} is not a directory; pass the directory that holds "
             "the standard library's .py sources (sysconfig.get_paths()['stdlib'])")
+    import pydoc_data.topics
     from pydoc_data.topics import topics  # plain data: a dict of str, no side effects
 
+    files = _source_files(root)
+    cache = _cache_path(root, files, Path(pydoc_data.topics.__file__))
+    cached = _read_cache(cache)
+    if cached is not None:
+        return cached
     named = [(f"pydoc_data.topics/{key}", _strip_doctests(topics[key]).strip())
              for key in sorted(topics)]
-    for rel in _source_files(root):
+    for rel in files:
         text = _file_docstrings(root / rel)
         if text:
             named.append((rel.as_posix(), text))
@@ -92,7 +98,62 @@ def stdlib_named_documents(stdlib_dir: str | os.PathLike | None = None) -> list[
         if text and text not in seen:
             seen.add(text)
             unique.append((name, text))
+    _write_cache(cache, unique)
     return unique
+
+
+# -- the corpus kept between processes ---------------------------------------------------------
+# Parsing every source file of the standard library takes seconds, and every prepare_data job
+# of a stdlib model (and many tests) builds the same corpus: it is kept in the user's cache
+# directory ($OATTN_CACHE_DIR, else $XDG_CACHE_HOME/oattn, else ~/.cache/oattn), in a file
+# named by the SHA-256 of everything it is a function of: this module's code, the stdlib
+# directory, and each source file's and the topics file's path, size and modification time.
+# Any change there names another file, so nothing stale is read; a file that cannot be read
+# or written is ignored (the corpus is built, as without it).
+def _cache_path(root: Path, files: list[Path], topics: Path) -> Path | None:
+    import hashlib
+    import json
+    import sys
+
+    try:
+        stats = [(str(p), p.stat()) for p in [topics, *(root / rel for rel in files)]]
+        key = json.dumps([Path(__file__).read_text(encoding="utf-8"), str(root), sys.version,
+                          [(p, st.st_size, st.st_mtime_ns) for p, st in stats]])
+    except OSError:
+        return None
+    cache_dir = os.environ.get("OATTN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "oattn")
+    return Path(cache_dir) / f"stdlib-corpus-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _read_cache(path: Path | None) -> list[tuple[str, str]] | None:
+    import json
+
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(data, list) and all(isinstance(d, list) and len(d) == 2 for d in data)):
+        return None
+    return [(str(name), str(text)) for name, text in data]
+
+
+def _write_cache(path: Path | None, named: list[tuple[str, str]]) -> None:
+    import json
+    import tempfile
+
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".stdlib-corpus-", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(named, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def stdlib_corpus(stdlib_dir: str | os.PathLike | None = None) -> list[str]:
@@ -112,6 +173,7 @@ def stdlib_corpus(stdlib_dir: str | os.PathLike | None = None) -> list[str]:
     Exact duplicate documents are kept once (the first in the order above).
     Deterministic for a given Python installation; another Python version gives another
     corpus (CPython 3.11.7: 722 documents, 327k whitespace-separated words of which 63k
-    from the topics, 457k `tokenize_words` tokens; about 4 s to build).
+    from the topics, 457k `tokenize_words` tokens). Built once per installation and kept in
+    the user's cache directory (`_cache_path`): parsing the sources takes seconds.
     """
     return [text for _, text in stdlib_named_documents(stdlib_dir)]
