@@ -6,6 +6,7 @@ tables, summary) starts without their import (torch's alone takes about 2 s).
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import re
@@ -152,8 +153,16 @@ _USAGE_RE = re.compile(r" resources used: wall (?P<wall_s>[0-9.]+) s, CPU (?P<cp
 
 
 def _log_usage() -> None:
-    """At exit: the job's `job_usage`, the last line of its log (read back by `read_job_usage`)."""
+    """At exit: the job's `job_usage`, the last line of its log (read back by `read_job_usage`).
+
+    Then moves every object the garbage collector tracks to its permanent generation
+    (`gc.freeze`): the interpreter's shutdown otherwise walks them all in its last collections,
+    and a job that imported torch, numba and xarray holds enough of them for that walk to cost
+    more CPU than most jobs' own work (0.9 s of an organize job's 3.6 s on 2 cores; 0.3 s after
+    the freeze). Nothing is left to run there: the job's stores are written and closed, its log
+    flushed line by line, and the objects are freed with the process."""
     log.info(_USAGE.format(**job_usage()))
+    gc.freeze()
 
 
 def read_job_usage(log_path: str | os.PathLike) -> dict[str, float] | None:
