@@ -31,17 +31,29 @@ _building: list[float] = []  # per session fixture being built, outermost first:
 
 
 def _cpu() -> float:
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + _forked()
-
-
-def _forked() -> float:
-    """CPU of the Snakemake commands that tests/wfutil.py ran in processes forked from its
-    command server: this process waited for them, but they are not its children."""
+    """This process's CPU and its children's, with the Snakemake commands that tests/wfutil.py
+    ran in processes forked from its command server (this process waited for them, but they are
+    not its children) and without the commands it ran in the background (counted under their
+    own part: `_background`)."""
     import sys
 
     wfutil = sys.modules.get("wfutil")
-    return wfutil.forked_cpu_unreaped() if wfutil is not None else 0.0
+    if wfutil is None:
+        return _usage()
+    with wfutil.CPU_LOCK:
+        return _usage() + wfutil.forked_cpu_unreaped() - sum(wfutil.BACKGROUND_CPU.values())
+
+
+def _usage() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _background() -> dict[str, float]:
+    import sys
+
+    wfutil = sys.modules.get("wfutil")
+    return dict(wfutil.BACKGROUND_CPU) if wfutil is not None else {}
 
 
 if _DIR:
@@ -82,7 +94,9 @@ if _DIR:
             sys.modules["wfutil"].stop_server()
         out = Path(_DIR)
         out.mkdir(parents=True, exist_ok=True)
-        _modules["session:collection"] = _cpu() - sum(_modules.values())
+        for part, s in _background().items():  # a background build's CPU, whenever it ended
+            _modules[part] = _modules.get(part, 0.0) + s
+        _modules["session:collection"] = _cpu() + sum(_background().values()) - sum(_modules.values())
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         path = out / f"{worker}.json"
         tmp = path.with_suffix(".tmp")

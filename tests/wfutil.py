@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -120,11 +121,59 @@ def run_snakemake(args: list[str], cwd: Path, timeout: float = 1800) -> subproce
         err.unlink(missing_ok=True)
 
 
-def snakemake(workdir: Path, config: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+# CPU-seconds of commands run in the background (a thread's subprocess), by the part they are
+# counted under (tests/cpu_budget.py), and the lock held while one is reaped and counted: its
+# CPU enters resource.RUSAGE_CHILDREN at that moment, under whichever test is running
+BACKGROUND_CPU: dict[str, float] = {}
+CPU_LOCK = threading.Lock()
+BACKGROUND_PROCS: set[subprocess.Popen] = set()
+
+
+def stop_background() -> None:
+    """Kill the background commands still running (a session that ends before its build does)
+    with their jobs: a build left unfinished is started again by the next session."""
+    for proc in list(BACKGROUND_PROCS):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _run_in_background(argv: list[str], part: str, timeout: float) -> subprocess.CompletedProcess:
+    """`argv` as subprocess.run with capture_output and text runs it, for a thread that runs
+    beside the tests: its CPU goes to BACKGROUND_CPU[part], counted once it is reaped."""
+    with tempfile.TemporaryDirectory(prefix="oattn-background-") as tmp:
+        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        with open(out, "w") as fo, open(err, "w") as fe:
+            proc = subprocess.Popen(argv, stdout=fo, stderr=fe, start_new_session=True)
+        BACKGROUND_PROCS.add(proc)
+        deadline = time.monotonic() + timeout
+        while True:
+            with CPU_LOCK:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    BACKGROUND_CPU[part] = BACKGROUND_CPU.get(part, 0.0) + usage.ru_utime + usage.ru_stime
+                    break
+            if time.monotonic() > deadline:
+                proc.kill()
+            time.sleep(0.2)
+        BACKGROUND_PROCS.discard(proc)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(argv, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read_text(), err.read_text())
+
+
+def snakemake(workdir: Path, config: dict, *args: str, check: bool = True,
+              background: str | None = None) -> subprocess.CompletedProcess:
+    """The workflow with `config` in `workdir` (run_snakemake); `background`: run by a thread
+    beside the tests, as a subprocess whose CPU is counted under that part's name."""
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    proc = run_snakemake(["-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-                          "--configfile", str(cfg), "--cores", "2", *args], cwd=Path.cwd(), timeout=1800)
+    args = ["-s", str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(cfg), "--cores", "2",
+            *args]
+    if background:
+        proc = _run_in_background(SNAKEMAKE + args, background, timeout=1800)
+    else:
+        proc = run_snakemake(args, cwd=Path.cwd(), timeout=1800)
     if check and proc.returncode:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
