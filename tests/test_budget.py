@@ -177,8 +177,11 @@ def test_a_snakemake_command_forked_from_the_server_is_counted_once(tmp_path):
                "OATTN_TEST_CPU_DIR": str(cpu), "PYTHONPATH": str(REPO / "tests"), "OATTN_TEST_FORK": fork}
         log = tmp_path / f"pytest{fork}.log"
         with open(log, "w") as out:
+            # its own basetemp: under the shared one, pytest's exit deletes the oldest sessions'
+            # directories (this suite's workflow copies), seconds of CPU after the plugin counted
             child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                                      "test_s.py"], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+                                      "--basetemp", str(tmp_path / f"base{fork}"), "test_s.py"],
+                                     cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(child.pid, 0)  # the whole pytest process's CPU, descendants included
         assert os.waitstatus_to_exitcode(status) == 0, log.read_text()
         got[fork] = json.loads((cpu / "main.json").read_text())
@@ -223,7 +226,8 @@ def test_the_plugin_counts_children_and_session_fixtures_apart(tmp_path):
     # not an xdist worker's environment (make test's): the child is pytest itself, with -n 0
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
            "OATTN_TEST_CPU_DIR": str(cpu), "PYTHONPATH": str(REPO / "tests")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "test_a.py",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "--basetemp",
+                           str(tmp_path / "base"), "test_a.py",
                            "test_b.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     written = json.loads((cpu / "main.json").read_text())
