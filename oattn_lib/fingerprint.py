@@ -45,9 +45,12 @@ import json
 import os
 import sys
 import tempfile
+import weakref
 from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from pathlib import Path
+
+from ._cachedir import user_cache_dir
 
 __all__ = ["library_root", "module_closure", "declared_assets", "code_fingerprint", "modules_fingerprint",
            "code_version", "snakemake_internals_problems", "SnakemakeInternalsError"]
@@ -63,9 +66,9 @@ def library_root() -> Path:
 class LibrarySnapshot:
     """The library's files read once, for a process that fingerprints many scripts while the
     library does not change: a Snakefile's parse, where every rule's `code` param fingerprints
-    its script (about 140 rules, sharing most modules) and the fingerprints are fixed once
-    parsed. Used as `with snapshot:` around the calls; entering again reuses what the last
-    `with` read. Outside a `with`, every call reads the files afresh.
+    its script (the rules share most modules) and the fingerprints are fixed once parsed
+    (`code_version` keeps one per workflow). Used as `with snapshot:` around the calls; entering
+    again reuses what the last `with` read. Outside a `with`, every call reads the files afresh.
 
     Kept: which file a module name resolves to, each file's text, each module's digest line and
     each script's or module's closure, by path and name."""
@@ -157,9 +160,7 @@ class _DiskMemo:
     cannot be read or written is ignored (everything is computed, as without it)."""
 
     def __init__(self) -> None:
-        root = os.environ.get("OATTN_CACHE_DIR") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "oattn")
-        self.path = Path(root) / f"fingerprints-py{sys.version_info[0]}{sys.version_info[1]}.json"
+        self.path = user_cache_dir() / f"fingerprints-py{sys.version_info[0]}{sys.version_info[1]}.json"
         self.entries: dict[str, object] | None = None
         self.added: dict[str, object] = {}
 
@@ -495,6 +496,22 @@ def snakemake_internals_problems() -> list[str]:
     return problems
 
 
+_PARSE: tuple[weakref.ref, LibrarySnapshot] | None = None
+
+
+def _parse_snapshot(workflow) -> LibrarySnapshot:
+    """One `LibrarySnapshot` per Snakefile parse: every rule's `code_version` of the same
+    `workflow` object reads the library's files once (the rules share most modules), and a new
+    workflow (another parse, another process's run) reads them afresh."""
+    global _PARSE
+    if _PARSE is None or _PARSE[0]() is not workflow:
+        try:
+            _PARSE = (weakref.ref(workflow), LibrarySnapshot())
+        except TypeError:  # an object without weak references: no snapshot shared
+            return LibrarySnapshot()
+    return _PARSE[1]
+
+
 def code_version(workflow, rule_name: str, name: str, *, script: str | os.PathLike | None = None,
                  modules=None, root: str | os.PathLike | None = None):
     """The `code` param of the rule `rule_name`: a function of a job's wildcards giving
@@ -520,7 +537,8 @@ def code_version(workflow, rule_name: str, name: str, *, script: str | os.PathLi
             f"changed: {'; '.join(problems)}. Adapt oattn_lib.fingerprint.code_version to this Snakemake.")
     from snakemake.settings.types import RerunTrigger
 
-    fp = code_fingerprint(script, root) if modules is None else modules_fingerprint(modules, root)
+    with _parse_snapshot(workflow):
+        fp = code_fingerprint(script, root) if modules is None else modules_fingerprint(modules, root)
     value = f"{name}:{fp}"
     prefix = repr(f"{name}:")[:-1]  # the start of the value's repr, as Snakemake records it
 

@@ -262,9 +262,6 @@ ORGANIZE2D = {
 # -- code fingerprints -------------------------------------------------------------------
 # the library beside this Snakefile (a copy of the project fingerprints its own code)
 LIBRARY_ROOT = workflow.basedir if os.path.isdir(os.path.join(workflow.basedir, "oattn_lib")) else None
-# every rule's fingerprint is computed while the Snakefile is parsed, from one reading of the
-# library's files (the rules share most modules)
-LIBRARY_SNAPSHOT = fingerprint.LibrarySnapshot()
 
 
 def code_version(rule_name, script=None, modules=None):
@@ -274,8 +271,7 @@ def code_version(rule_name, script=None, modules=None):
     (oattn_lib.fingerprint.code_version)."""
     script = script or rule_name
     path = None if modules is not None else os.path.join(workflow.basedir, "scripts", f"{script}.py")
-    with LIBRARY_SNAPSHOT:
-        return fingerprint.code_version(workflow, rule_name, script, script=path, modules=modules, root=LIBRARY_ROOT)
+    return fingerprint.code_version(workflow, rule_name, script, script=path, modules=modules, root=LIBRARY_ROOT)
 
 
 def model_data(wildcards):
