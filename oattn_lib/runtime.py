@@ -158,8 +158,7 @@ def _log_usage() -> None:
     Then moves every object the garbage collector tracks to its permanent generation
     (`gc.freeze`): the interpreter's shutdown otherwise walks them all in its last collections,
     and a job that imported torch, numba and xarray holds enough of them for that walk to cost
-    more CPU than most jobs' own work (0.9 s of an organize job's 3.6 s on 2 cores; 0.3 s after
-    the freeze). Nothing is left to run there: the job's stores are written and closed, its log
+    a good part of a small job's CPU, after its usage line. Nothing is left to run there: the job's stores are written and closed, its log
     flushed line by line, and the objects are freed with the process."""
     log.info(_USAGE.format(**job_usage()))
     gc.freeze()

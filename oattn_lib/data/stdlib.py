@@ -105,7 +105,7 @@ def stdlib_named_documents(stdlib_dir: str | os.PathLike | None = None) -> list[
 # -- the corpus kept between processes ---------------------------------------------------------
 # Parsing every source file of the standard library takes seconds, and every prepare_data job
 # of a stdlib model (and many tests) builds the same corpus: it is kept in the user's cache
-# directory ($OATTN_CACHE_DIR, else $XDG_CACHE_HOME/oattn, else ~/.cache/oattn), in a file
+# directory (oattn_lib._cachedir), in a file
 # named by the SHA-256 of everything it is a function of: this module's code, the stdlib
 # directory, and each source file's and the topics file's path, size and modification time.
 # Any change there names another file, so nothing stale is read; a file that cannot be read
@@ -121,9 +121,9 @@ def _cache_path(root: Path, files: list[Path], topics: Path) -> Path | None:
                           [(p, st.st_size, st.st_mtime_ns) for p, st in stats]])
     except OSError:
         return None
-    cache_dir = os.environ.get("OATTN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "oattn")
-    return Path(cache_dir) / f"stdlib-corpus-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    from .._cachedir import user_cache_dir
+
+    return user_cache_dir() / f"stdlib-corpus-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 def _read_cache(path: Path | None) -> list[tuple[str, str]] | None:
