@@ -32,6 +32,7 @@ if DISK_PROBLEM:
 onstart:
     if DISK_PROBLEM:
         raise ConfigError(DISK_PROBLEM)
+    lift_default_job_rate_limit(workflow)
 
 
 include: "workflow/rules/common.smk"

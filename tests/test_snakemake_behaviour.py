@@ -1,6 +1,7 @@
 """Snakemake behaviour the workflow relies on, shown on real Snakemake runs: two bugs of
 Snakemake 9.10-9.16 that the pinned version (requirements.txt, the Snakefile's `min_version`) has
-fixed, held here so that another pin cannot bring them back unnoticed."""
+fixed, held here so that another pin cannot bring them back unnoticed; the workflow's own lifting
+of the default job rate limit, whose timers cost a local run CPU; the suite's command server."""
 from __future__ import annotations
 
 import os
@@ -109,3 +110,41 @@ def test_a_command_forked_from_the_server_is_the_command_run_as_a_subprocess(tmp
             not open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z":
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
+
+
+# a real run of the workflow up to its scheduler, which records its job rate limiter and runs nothing
+LIMITER_PROBE = """
+import sys
+import snakemake.scheduling.job_scheduler as js
+from snakemake.cli import main
+
+def schedule(self):
+    limiter = self.job_rate_limiter
+    print("LIMITER", None if limiter is None else (limiter.max_jobs, limiter.timespan), flush=True)
+    return True
+
+js.JobScheduler.schedule = schedule
+sys.argv = ["snakemake", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("given, kept", [(None, None), ("10/1s", (10, 1.0)), ("100/2m", (100, 120.0))])
+def test_the_default_job_rate_limit_is_lifted_in_a_local_run(given, kept, tmp_path):
+    """Snakemake's default --max-jobs-per-timespan (100/1s) re-arms a timer at every scheduler
+    pass, one more chain per finished job (snakemake/snakemake#3744): the workflow's `onstart`
+    lifts it for a local run, and keeps any other limit a user sets."""
+    import yaml
+    from wfutil import REPO, TINY
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(TINY))
+    probe = tmp_path / "probe.py"
+    probe.write_text(LIMITER_PROBE)
+    args = [sys.executable, str(probe), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile",
+            str(tmp_path / "config.yaml"), "--cores", "1", "results/kernels/numba.json"]
+    if given:
+        args += ["--max-jobs-per-timespan", given]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("LIMITER ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert lines == [f"LIMITER {kept}"]
