@@ -624,12 +624,47 @@ def level_agreement(tree: PartitionTree, labels) -> np.ndarray:
     to them than a random partition with the same folder sizes (negative: further). The root
     scores 0 against any labelling with more than one class, and so do the leaves (singletons)
     against any labelling with a class of two items or more."""
-    from sklearn.metrics import adjusted_rand_score
-
     lab = np.asarray(labels)
     if lab.shape != (tree.n,):
         raise ValueError(f"labels: expected one label per item, shape ({tree.n},), got {lab.shape}")
-    return np.array([adjusted_rand_score(lab, level) for level in tree.labels], dtype=np.float64)
+    return adjusted_rand_index(lab, np.asarray(tree.labels))
+
+
+def adjusted_rand_index(labels, partitions) -> np.ndarray:
+    """Adjusted Rand index (Hubert and Arabie, 1985) between one labelling of n items, (n,), and
+    each row of `partitions`, (k, n): (k,) float64, all rows at once.
+
+    From the pair counts in exact integers: of the n(n-1)/2 pairs of items, `same` are together
+    in both, `only_l` in the labelling alone, `only_p` in the partition alone, `apart` in neither;
+    ARI = 2 (same apart - only_l only_p) / ((same + only_l)(only_l + apart) + (same + only_p)
+    (only_p + apart)), and 1 where the two agree on every pair (no pair in only one of them:
+    both one class, or both all singletons)."""
+    lab = np.unique(np.asarray(labels), return_inverse=True)[1].reshape(-1)
+    parts = np.asarray(partitions)
+    parts = parts.reshape(-1, lab.size) if parts.size else parts.reshape(0, lab.size)
+    k, n = parts.shape
+    part = np.unique(parts, axis=None, return_inverse=True)[1].reshape(k, n).astype(np.int64)
+    width = int(part.max()) + 1 if part.size else 1
+    row = np.arange(k, dtype=np.int64)[:, None]
+    # together in the partition and in both: sums of squared class sizes, each row's classes
+    # (and each row's classes within the labelling's) counted by one bincount over rows
+    by_part = np.bincount((row * width + part).ravel(), minlength=k * width).reshape(k, width)
+    n_lab = int(lab.max()) + 1 if lab.size else 1
+    by_both = np.bincount(((row * width + part) * n_lab + lab).ravel(), minlength=k * width * n_lab)
+    sq_part = (by_part.astype(np.int64) ** 2).sum(1)
+    sq_both = (by_both.reshape(k, -1).astype(np.int64) ** 2).sum(1)
+    sq_lab = int((np.bincount(lab).astype(np.int64) ** 2).sum())
+    # ordered pairs of distinct items: together in both, in one only, in neither
+    same = sq_both - n
+    only_l = sq_lab - sq_both
+    only_p = sq_part - sq_both
+    apart = n * n - sq_lab - sq_part + sq_both
+    num = 2.0 * (same * apart - only_l * only_p).astype(np.float64)
+    den = ((same + only_l) * (only_l + apart) + (same + only_p) * (only_p + apart)).astype(np.float64)
+    out = np.ones(k, dtype=np.float64)
+    split = (only_l != 0) | (only_p != 0)
+    out[split] = num[split] / den[split]
+    return out
 
 
 def architecture_agreement(tree: PartitionTree, unit_layer, unit_head, unit_kv_group=None):

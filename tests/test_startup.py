@@ -87,13 +87,13 @@ def decomposed(tmp_path_factory):
 
 def test_entropy_and_tables_run_without_torch(decomposed, tmp_path):
     """Not only imported: run on real decomposed stores, entropy and tables load neither torch
-    nor numba, and give what the torch path gives."""
+    nor numba (nor scikit-learn, a second of imports for the head tree's Rand index), and give
+    what the torch path gives."""
     import xarray as xr
-
 
     _, org, dec = decomposed
     out = tmp_path / "entropy.zarr" / "zarr.json"
-    names = sorted(MODEL_OR_PLOTS | ENGINE)
+    names = sorted(MODEL_OR_PLOTS | ENGINE | {"sklearn"})
     code = f"""
 import sys, json
 from oattn_lib.stages.entropy import entropy

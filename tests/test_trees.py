@@ -322,6 +322,25 @@ def test_level_agreement_scores_each_level_against_a_labelling():
         level_agreement(tree, layer[:5])
 
 
+def test_adjusted_rand_index_is_sklearns_on_every_row():
+    """The index of each row of a partition matrix against one labelling, all rows at once, is
+    scikit-learn's `adjusted_rand_score` of that row, to the last bit: labels of any values,
+    one class, all singletons, rows of other class counts."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from oattn_lib.trees import adjusted_rand_index
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 5, 17, 40):
+        labels = rng.integers(0, 4, n) * 7 - 3
+        rows = np.stack([rng.integers(0, 2, n), rng.integers(0, 9, n), np.zeros(n, int), np.arange(n)[::-1],
+                         labels, rng.permutation(n) // 3])
+        want = [adjusted_rand_score(labels, row) for row in rows]
+        assert adjusted_rand_index(labels, rows).tolist() == want, n
+        # and each row alone, as the only row
+        assert [adjusted_rand_index(labels, row[None])[0] for row in rows] == want
+
+
 def test_architecture_agreement_scores_kv_groups_only_for_a_grouped_model():
     from oattn_lib.trees import architecture_agreement
     layer = np.repeat(np.arange(3), 4)
