@@ -10,6 +10,7 @@ from snakemake.utils import min_version
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from oattn_lib.config import ConfigError, disk_problem, validate_config
+from oattn_lib.resources import lift_default_job_rate_limit
 
 # Snakemake 9.10-9.16 run a job that is alone among the ready ones without reserving its cores,
 # and so ever more jobs than --cores at once (snakemake/snakemake#4026), and answer a target no

@@ -474,3 +474,20 @@ def model_job_runtime_minutes(rule: str, features: dict, work: int = 1, attempt:
     m = _model_job(rule)
     seconds = m.base_s + m.s_per_mb * features["network_mb"] * work
     return max(MIN_RUNTIME, int(math.ceil(TIME_MARGIN * seconds / 60 * GROWTH ** (attempt - 1))))
+
+
+# -- Snakemake's scheduler ---------------------------------------------------------------------
+def lift_default_job_rate_limit(workflow) -> bool:
+    """Drop the job rate limiter of a local run whose limit is Snakemake's default; True if
+    dropped. Called by the Snakefile's `onstart`, once the scheduler exists.
+
+    Snakemake's default `--max-jobs-per-timespan 100/1s` re-arms a one-second timer at every
+    pass of its scheduler, and each finished job starts one more such chain
+    (snakemake/snakemake#3744): after n jobs the scheduler wakes n times a second, and in a run
+    of small jobs that polling costs more CPU than some of the jobs. A local run never starts
+    100 jobs a second; any other limit, and any cluster run, keep theirs."""
+    limiter = getattr(getattr(workflow, "scheduler", None), "job_rate_limiter", None)
+    if limiter is None or not workflow.local_exec or (limiter.max_jobs, limiter.timespan) != (100, 1):
+        return False
+    workflow.scheduler.job_rate_limiter = None
+    return True

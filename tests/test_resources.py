@@ -336,3 +336,17 @@ def test_a_chained_job_asks_the_most_memory_and_the_sum_of_the_times():
     parts = [{"mem_mb": lambda w, i, a, m=m: m * a, "runtime": lambda w, i, a, t=t: t} for m, t in ((100, 5), (300, 7))]
     both = resources.chained(parts)
     assert both["mem_mb"](None, None, 2) == 600 and both["runtime"](None, None, 1) == 12
+
+
+@pytest.mark.parametrize("max_jobs, timespan, local, lifted", [(100, 1.0, True, True), (100, 1.0, False, False),
+                                                               (10, 1.0, True, False), (100, 120.0, True, False)])
+def test_only_snakemakes_default_job_rate_limit_is_lifted_and_only_locally(max_jobs, timespan, local, lifted):
+    from types import SimpleNamespace
+
+    limiter = SimpleNamespace(max_jobs=max_jobs, timespan=timespan)
+    workflow = SimpleNamespace(scheduler=SimpleNamespace(job_rate_limiter=limiter), local_exec=local)
+    assert resources.lift_default_job_rate_limit(workflow) is lifted
+    assert workflow.scheduler.job_rate_limiter is (None if lifted else limiter)
+    # no limiter (a dry run) stays none
+    workflow.scheduler.job_rate_limiter = None
+    assert resources.lift_default_job_rate_limit(workflow) is False

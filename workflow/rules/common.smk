@@ -646,15 +646,3 @@ def explorer_inputs(wildcards):
             "stability_table": f"{R}/{wildcards.model}/tables/stability.csv",
         }
     return inputs
-
-
-# -- Snakemake's scheduler (the Snakefile's onstart) ---------------------------------------
-# Snakemake's default job rate limit (--max-jobs-per-timespan 100/1s) re-arms a one-second timer
-# at every pass of its scheduler, and each finished job starts one more such chain
-# (snakemake/snakemake#3744): after n jobs its scheduler wakes n times a second, and in a run of
-# small jobs that polling costs more CPU than some of the jobs. A local run never starts 100 jobs
-# a second, so that default is lifted there; any other limit, and any cluster run, keep theirs.
-def lift_default_job_rate_limit(workflow):
-    limiter = getattr(workflow.scheduler, "job_rate_limiter", None)
-    if limiter is not None and workflow.local_exec and (limiter.max_jobs, limiter.timespan) == (100, 1):
-        workflow.scheduler.job_rate_limiter = None
