@@ -640,20 +640,16 @@ def adjusted_rand_index(labels, partitions) -> np.ndarray:
     (only_p + apart)), and 1 where the two agree on every pair (no pair in only one of them:
     both one class, or both all singletons)."""
     lab = np.unique(np.asarray(labels), return_inverse=True)[1].reshape(-1)
-    parts = np.asarray(partitions)
-    parts = parts.reshape(-1, lab.size) if parts.size else parts.reshape(0, lab.size)
-    k, n = parts.shape
-    part = np.unique(parts, axis=None, return_inverse=True)[1].reshape(k, n).astype(np.int64)
-    width = int(part.max()) + 1 if part.size else 1
-    row = np.arange(k, dtype=np.int64)[:, None]
-    # together in the partition and in both: sums of squared class sizes, each row's classes
-    # (and each row's classes within the labelling's) counted by one bincount over rows
-    by_part = np.bincount((row * width + part).ravel(), minlength=k * width).reshape(k, width)
-    n_lab = int(lab.max()) + 1 if lab.size else 1
-    by_both = np.bincount(((row * width + part) * n_lab + lab).ravel(), minlength=k * width * n_lab)
-    sq_part = (by_part.astype(np.int64) ** 2).sum(1)
-    sq_both = (by_both.reshape(k, -1).astype(np.int64) ** 2).sum(1)
-    sq_lab = int((np.bincount(lab).astype(np.int64) ** 2).sum())
+    n = lab.size
+    part = np.unique(np.asarray(partitions), return_inverse=True)[1].reshape(-1, n)
+    k, width = part.shape[0], int(part.max()) + 1
+    # together in a row's classes, and in both: sums of squared class sizes, every row's classes
+    # (and their intersections with the labelling's) counted by one bincount over all rows
+    cell = np.arange(k)[:, None] * width + part
+    sq_part = (np.bincount(cell.ravel(), minlength=k * width).reshape(k, -1) ** 2).sum(1)
+    n_lab = int(lab.max()) + 1
+    sq_both = (np.bincount((cell * n_lab + lab).ravel(), minlength=k * width * n_lab).reshape(k, -1) ** 2).sum(1)
+    sq_lab = int((np.bincount(lab) ** 2).sum())
     # ordered pairs of distinct items: together in both, in one only, in neither
     same = sq_both - n
     only_l = sq_lab - sq_both
