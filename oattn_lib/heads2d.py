@@ -16,8 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import store
-from .paraproduct import paraproduct
-from .questionnaire import questionnaire2d
 from .stages.common import head_array, model_mask, on_device
 from .trees import PartitionTree, from_padded
 
@@ -43,6 +41,10 @@ def organize_head(logits: np.ndarray, n_iters: int, allowed=None, device="cpu") 
     residual of the organized and the unorganized head against the model's own (masked)
     softmax (docs/method.md §7), as the decompose stage computes them for the figure heads. The
     questionnaire runs on the device `device` resolves to (`runtime.resolve_device`)."""
+    # torch: not for the explorer's page, which reads the organize2d stage's stores
+    from .paraproduct import paraproduct
+    from .questionnaire import questionnaire2d
+
     g = np.asarray(logits, dtype=np.float64)
     tree_r, tree_c = questionnaire2d(on_device(g, device), n_iters=n_iters)
     pp = paraproduct(g, row_order=tree_r.order, col_order=tree_c.order, allowed=allowed)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,44 +15,11 @@ import torch
 from ._arrays import as_tensor
 from .emd import TreeEMD, emd_affinity
 from .kernel_notice import announces_kernels
-from .trees import PartitionTree, flexible_tree
+from .trees import Organization, PartitionTree, flexible_tree
 
 __all__ = ["Organization", "questionnaire3d", "questionnaire2d", "cosine_affinity"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Organization:
-    """Trees and affinities of the three axes of a (query, key, head) tensor.
-
-    tree_q, tree_k, tree_h : trees on n_query, n_key and n_head items.
-    affinity_q, affinity_k, affinity_h : float64 (n_query, n_query), (n_key, n_key),
-    (n_head, n_head), symmetric.
-    """
-
-    tree_q: PartitionTree
-    tree_k: PartitionTree
-    tree_h: PartitionTree
-    affinity_q: np.ndarray
-    affinity_k: np.ndarray
-    affinity_h: np.ndarray
-
-    @property
-    def orders(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Organized leaf orders of query, key and head, int64 (n_query,), (n_key,), (n_head,):
-        X[oq][:, ok][:, :, oh]."""
-        return self.tree_q.order, self.tree_k.order, self.tree_h.order
-
-    def organize(self, X):
-        """X (n_query, n_key, n_head), array or tensor, permuted into the organized order on all
-        three axes; same shape and kind."""
-        oq, ok, oh = self.orders
-        if isinstance(X, torch.Tensor):
-            dev = X.device
-            return X[torch.as_tensor(oq, device=dev)][:, torch.as_tensor(ok, device=dev)][
-                :, :, torch.as_tensor(oh, device=dev)]
-        return np.asarray(X)[np.ix_(oq, ok, oh)]
 
 
 def cosine_affinity(slices: torch.Tensor) -> np.ndarray:

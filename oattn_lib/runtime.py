@@ -153,14 +153,17 @@ _USAGE_RE = re.compile(r" resources used: wall (?P<wall_s>[0-9.]+) s, CPU (?P<cp
 
 
 def _log_usage() -> None:
-    """At exit: the job's `job_usage`, the last line of its log (read back by `read_job_usage`).
+    """At exit: the job's `job_usage`, the last line of its log (read back by `read_job_usage`),
+    and the heavy libraries (`HEAVY_MODULES`) the job had loaded by then: what its start-up line
+    names and what it imported on the way.
 
     Then moves every object the garbage collector tracks to its permanent generation
     (`gc.freeze`): the interpreter's shutdown otherwise walks them all in its last collections,
     and a job that imported torch, numba and xarray holds enough of them for that walk to cost
     a good part of a small job's CPU, after its usage line. Nothing is left to run there: the job's stores are written and closed, its log
     flushed line by line, and the objects are freed with the process."""
-    log.info(_USAGE.format(**job_usage()))
+    heavy = [m for m in HEAVY_MODULES if m in sys.modules]
+    log.info(_USAGE.format(**job_usage()) + "; loaded: " + (", ".join(heavy) or "none"))
     gc.freeze()
 
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 
 import numpy as np
-import scipy.sparse
 
-from ._arrays import check_affinity
+from ._arrays import check_affinity, is_tensor
 
-__all__ = ["PartitionTree", "balanced_tree", "flexible_tree", "random_tree", "level_agreement", "architecture_agreement",
+__all__ = ["PartitionTree", "Organization", "balanced_tree", "flexible_tree", "random_tree", "level_agreement", "architecture_agreement",
            "padded_labels", "from_padded"]
 
 
@@ -183,6 +182,44 @@ class PartitionTree:
         if tuple(da.dims) != ("level", "item"):
             raise ValueError(f"tree DataArray {da.name!r}: expected dims (level, item), got {da.dims}")
         return cls(np.asarray(da.values))
+
+
+@dataclass(frozen=True)
+class Organization:
+    """Trees and affinities of the three axes of a (query, key, head) tensor: what the
+    questionnaire (docs/method.md §5) gives and the organize stage stores. It lives here, beside
+    the trees, so that the stages that only read organized stores (the explorer's) load neither
+    torch nor the questionnaire; `oattn_lib.questionnaire.Organization` is the same class.
+
+    tree_q, tree_k, tree_h : trees on n_query, n_key and n_head items.
+    affinity_q, affinity_k, affinity_h : float64 (n_query, n_query), (n_key, n_key),
+    (n_head, n_head), symmetric.
+    """
+
+    tree_q: PartitionTree
+    tree_k: PartitionTree
+    tree_h: PartitionTree
+    affinity_q: np.ndarray
+    affinity_k: np.ndarray
+    affinity_h: np.ndarray
+
+    @property
+    def orders(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Organized leaf orders of query, key and head, int64 (n_query,), (n_key,), (n_head,):
+        X[oq][:, ok][:, :, oh]."""
+        return self.tree_q.order, self.tree_k.order, self.tree_h.order
+
+    def organize(self, X):
+        """X (n_query, n_key, n_head), array or tensor, permuted into the organized order on all
+        three axes; same shape and kind."""
+        oq, ok, oh = self.orders
+        if is_tensor(X):
+            import torch
+
+            dev = X.device
+            return X[torch.as_tensor(oq, device=dev)][:, torch.as_tensor(ok, device=dev)][
+                :, :, torch.as_tensor(oh, device=dev)]
+        return np.asarray(X)[np.ix_(oq, ok, oh)]
 
 
 def _levels_to_tree(levels_bottom_up: list[np.ndarray]) -> PartitionTree:
@@ -389,6 +426,8 @@ def _embedding_coordinates(phi: np.ndarray, s: np.ndarray, level: int) -> np.nda
 def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
     """Mean of the symmetric d_leaf over the leaves of every pair of nodes: M d M^T with
     the sparse 0/1 membership M, O(n^2) (a dense membership product is O(n^3))."""
+    import scipy.sparse  # a tenth of a second of imports, paid by the questionnaire only
+
     counts = np.bincount(node_of_leaf).astype(np.float64)
     n = node_of_leaf.size
     mem = scipy.sparse.csr_matrix((np.ones(n), (node_of_leaf, np.arange(n))), shape=(counts.size, n))

@@ -2,9 +2,9 @@
 
 Every stage job is a fresh Python process, so what a stage imports is paid by every job:
 torch's import alone takes about 2 s. The stages that only read and sum stored arrays
-(entropy, tables, summary, text data) must not import torch or numba; none of the analysis
-stages may import transformers, torchvision, matplotlib or plotly. Checked in fresh
-subprocesses (this test process has imported everything).
+(entropy, tables, summary, text data, the explorer's pages) must not import torch or numba;
+none of the analysis stages may import transformers, torchvision, matplotlib or plotly.
+Checked in fresh subprocesses (this test process has imported everything).
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def _loaded_by_import(*modules: str) -> set[str]:
 def test_reading_stages_and_the_job_set_up_import_neither_torch_nor_numba():
     # runtime (setup_logging) runs in every job before its stage
     assert _loaded_by_import("oattn_lib.runtime", *(f"oattn_lib.stages.{s}" for s in
-                                                     ("entropy", "tables", "summary", "data"))) == set()
+                                                     ("entropy", "tables", "summary", "data", "explorer",
+                                                      "explorer_samples"))) == set()
 
 
 def test_analysis_stages_import_no_model_or_plotting_library():

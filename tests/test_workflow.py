@@ -135,6 +135,24 @@ def test_logs_for_every_stage(run):
         assert usage["peak_rss_mb"] > 50 and 0 < usage["cpu_s"] and 0 < usage["wall_s"], (log, usage)
 
 
+def test_the_reading_stages_run_without_torch_or_numba(run):
+    """Every job's last line names the heavy libraries it had loaded by its end. The stages that
+    only read stores (entropy, tables, stability, summary and every explorer job) ran without
+    torch and numba, about 2 s of imports per job; the engine's stages ran with both."""
+    loaded = {}
+    for path in (run / "results" / "logs").rglob("*.log"):
+        m = re.search(r" resources used: .*; loaded: (.*)$", path.read_text().splitlines()[-1])
+        assert m, path
+        loaded[str(path.relative_to(run / "results" / "logs").with_suffix(""))] = set(m.group(1).split(", "))
+    reading = {name: libs for name, libs in loaded.items()
+               if re.fullmatch(r"(\w+/)?(entropy|tables|stability|summary|explorer\w*)", name)}
+    assert {"summary", "explorer_index", "lm/explorer_plan", "lm/explorer_samples_part0", "txl/explorer",
+            "txl/stability", "lm/tables", "txl/entropy"} <= set(reading), sorted(loaded)
+    assert all(not libs & {"torch", "numba"} for libs in reading.values()), reading
+    for name in ("txl/organize", "lm/decompose_sample0", "vit/organize2d"):
+        assert {"torch", "numba"} <= loaded[name], (name, loaded[name])
+
+
 def test_jobs_after_the_kernels_compile_none(run):
     """Rule `kernels` compiled the numba kernels before the jobs that run them: no organize,
     decompose or organize2d job compiled one (each logs what it loaded and compiled at exit)."""

@@ -10,10 +10,9 @@ import numpy as np
 import xarray as xr
 
 from .. import store
-from ..questionnaire import Organization
 from ..runtime import resolve_device
 from ..temperature import attention_mask
-from ..trees import PartitionTree
+from ..trees import Organization, PartitionTree
 
 log = logging.getLogger("oattn")
 
