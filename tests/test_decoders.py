@@ -288,8 +288,58 @@ SENTENCE = "Attention maps of a small language model, extracted layer by layer."
 
 @pytest.fixture(scope="module")
 def smollm2():
-    model, tok = hf.load_hf("smollm2")
-    return model, tok, hf.hf_attention(model, tok, [SENTENCE])
+    """SmolLM2 loaded from its GGUF file, its attention on SENTENCE, and the paths of the GGUF
+    files transformers parsed on the way (counted by a subclass of gguf's reader)."""
+    import gguf
+
+    parsed, real = [], gguf.GGUFReader
+
+    class Counting(real):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    gguf.GGUFReader = Counting
+    try:
+        model, tok = hf.load_hf("smollm2")
+    finally:
+        gguf.GGUFReader = real
+    return model, tok, hf.hf_attention(model, tok, [SENTENCE]), parsed
+
+
+def tiny_gguf(path: Path) -> Path:
+    """A GGUF file of one small tensor, written by the gguf package."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("blk.0.attn_q.weight", np.arange(16, dtype=np.float32).reshape(4, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_parsed_once_keeps_one_reader_per_file_and_restores_gguf(tmp_path):
+    import gguf
+
+    a, b = tiny_gguf(tmp_path / "a.gguf"), tiny_gguf(tmp_path / "b.gguf")
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with hf.gguf_parsed_once():
+        first = gguf.GGUFReader(a)
+        assert gguf.GGUFReader(str(a)) is first and gguf.GGUFReader(tmp_path / "." / "a.gguf") is first
+        assert gguf.GGUFReader(b) is not first and gguf.GGUFReader(a, "c") is not first
+        np.testing.assert_array_equal(first.tensors[0].data, np.arange(16).reshape(4, 4))
+        m = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is m
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not m
+        assert m.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)
+    assert gguf.GGUFReader(a) is not first  # a plain reader again
+    with pytest.raises(RuntimeError), hf.gguf_parsed_once():
+        raise RuntimeError("a load that fails")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)
 
 
 @needs_smollm2
@@ -304,7 +354,9 @@ def test_smollm2_alias_without_importing_its_package():
 
 @needs_smollm2
 def test_smollm2_gguf_attention(smollm2):
-    model, _, res = smollm2
+    model, _, res, parsed = smollm2
+    # transformers asks for the file three times (config, weights, tokenizer): parsed once
+    assert len(parsed) == 1 and parsed[0].endswith(files.SMOLLM2_FILE), parsed
     probs, allowed = res["probs"][0], res["allowed"][0]
     n = probs.shape[-1]
     assert type(model).__name__ == "LlamaModel" and next(model.parameters()).dtype == torch.float32

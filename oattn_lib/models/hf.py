@@ -81,7 +81,7 @@ from .files import is_offline, minilm_path, resolve_hf
 
 __all__ = ["ATTN_IMPLEMENTATION", "AttentionRecord", "LayerAttention", "record_attention", "kv_groups",
            "recording_attention_forward", "register_recording_attention", "supports_attention_interface",
-           "COMPUTE_DTYPES", "compute_dtype", "model_devices", "load_hf", "attn_implementation", "hf_encode",
+           "COMPUTE_DTYPES", "compute_dtype", "model_devices", "gguf_parsed_once", "load_hf", "attn_implementation", "hf_encode",
            "hf_attention", "hf_attention_stream", "STACKS", "hf_seq2seq_encode",
            "hf_seq2seq_attention", "hf_embeddings", "minilm_path"]
 
@@ -288,6 +288,42 @@ def model_devices(model) -> set[torch.device]:
     return {p.device for p in model.parameters()}
 
 
+@contextlib.contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Within the block, transformers parses each GGUF file once and builds each tensor-name map
+    once, however many times it asks.
+
+    Loading a model from a GGUF file, transformers reads the file's every metadata field (the
+    whole vocabulary, one string at a time: `gguf.GGUFReader`) for the config, again for the
+    tokenizer and again for the weights, and builds gguf's tensor-name map of the architecture
+    (`gguf.get_tensor_name_map`) for every submodule of the model. Both are pure functions of
+    their arguments (the reader maps the file read-only and is only read), so the block keeps
+    the readers per file and mode and the maps per architecture and block count, by replacing
+    the two names on the `gguf` module, which transformers imports them from at each call; they
+    are restored on leaving. About half of SmolLM2-135M's load (bench/gguf_load.py)."""
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers, maps = {}, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    def tensor_name_map(arch, n_blocks):
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = name_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, tensor_name_map
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
 def load_hf(path_or_name: str, device: str | torch.device | None = None, dtype: str | torch.dtype = torch.float32,
             local_files_only: bool | None = None, causal_lm: bool = False, *, gguf_file: str | None = None,
             device_map: str | dict | None = None):
@@ -296,8 +332,8 @@ def load_hf(path_or_name: str, device: str | torch.device | None = None, dtype: 
     `path_or_name` is a local directory, a hub name already in the local cache, or an alias:
     `minilm` (see `minilm_path`) or `smollm2` (see `models.files.smollm2_path`, a GGUF
     file). `gguf_file` names a GGUF file in that directory (or hub repository), which
-    transformers dequantises to `dtype` (about 13 s for SmolLM2-135M; the workflow's
-    `prepare_model` rule does it once). `causal_lm=True` loads the model with its language
+    transformers dequantises to `dtype`, reading the file once (`gguf_parsed_once`; the
+    workflow's `prepare_model` rule does it once per run). `causal_lm=True` loads the model with its language
     modelling head (`AutoModelForCausalLM`, for next-token scores) instead of the bare
     model (`AutoModel`); the attention is recorded the same way.
     `local_files_only=None` means: only local files when the path is a directory or
@@ -322,8 +358,6 @@ def load_hf(path_or_name: str, device: str | torch.device | None = None, dtype: 
     (scores and probabilities); others get plain eager attention (probabilities only).
     Returns (model, tokenizer).
     """
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
     if not isinstance(path_or_name, (str, os.PathLike)):
         raise ValueError(f"path_or_name: expected a path or model name, got {type(path_or_name).__name__}")
     dtype = compute_dtype(dtype)
@@ -339,8 +373,15 @@ def load_hf(path_or_name: str, device: str | torch.device | None = None, dtype: 
     path_or_name, gguf_file = resolve_hf(str(path_or_name), gguf_file)
     if local_files_only is None:
         local_files_only = Path(path_or_name).is_dir() or is_offline()
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    with gguf_parsed_once() if gguf_file else contextlib.nullcontext():
+        return _load_hf(path_or_name, gguf_file, device, device_map, dtype, local_files_only, causal_lm)
 
+
+def _load_hf(path_or_name, gguf_file, device, device_map, dtype, local_files_only, causal_lm):
+    """`load_hf` on checked arguments."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
     config = AutoConfig.from_pretrained(path_or_name, local_files_only=local_files_only, **extra)
     model_class = None
     try:

@@ -14,6 +14,7 @@ import torch
 
 from .. import store
 from ..models.files import resolve_hf
+from ..models.hf import gguf_parsed_once
 
 log = logging.getLogger("oattn")
 
@@ -42,13 +43,14 @@ def prepare_model(path: str, gguf_file: str | None, out_dir, local_file=None) ->
         raise ValueError(f"gguf_file: model {path!r} names no GGUF file; only GGUF models need preparing")
     source = Path(directory) / gguf_file
     local = Path(directory).is_dir()
-    config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file, local_files_only=local)
-    # a decoder keeps its language-modelling head; a GGUF encoder is saved as the bare model
-    auto = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModel
-    log.info("dequantising %s to float32 (%s)", source, auto.__name__)
-    model = auto.from_pretrained(directory, gguf_file=gguf_file, config=config, dtype=torch.float32,
-                                 local_files_only=local)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=local)
+    with gguf_parsed_once():
+        config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file, local_files_only=local)
+        # a decoder keeps its language-modelling head; a GGUF encoder is saved as the bare model
+        auto = AutoModelForCausalLM if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING else AutoModel
+        log.info("dequantising %s to float32 (%s)", source, auto.__name__)
+        model = auto.from_pretrained(directory, gguf_file=gguf_file, config=config, dtype=torch.float32,
+                                     local_files_only=local)
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file, local_files_only=local)
     # the weights are plain float32 now; without its GGUF quantizer transformers saves the
     # model as any other (and refuses to while the quantizer is attached)
     model.hf_quantizer = None
