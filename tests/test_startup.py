@@ -138,6 +138,28 @@ def _notices(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("oattn: numba: ")]
 
 
+def test_a_warm_up_started_while_another_runs_waits_for_it():
+    """compile_kernels holds a lock on the kernels' cache directory (stages.kernels.cache_lock):
+    a warm-up started while another process holds it says so, waits, and runs once it is free,
+    so that two runs started together on a fresh machine compile each kernel once."""
+    import time
+
+    from oattn_lib.stages.kernels import cache_lock
+
+    with cache_lock():
+        proc = subprocess.Popen([sys.executable, "-m", "oattn_lib.stages.kernels"], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        said = []
+        for line in proc.stdout:
+            said.append(line)
+            if "another process is compiling into" in line:
+                break
+        time.sleep(1.0)
+        assert proc.poll() is None, "".join(said)  # still waiting while the lock is held
+    rest = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0 and "kernels: waited" in rest and "kernel signatures compiled" in rest, rest
+
+
 def test_kernels_compiled_once_are_loaded_by_later_jobs(tmp_path):
     """In an empty numba cache (a fresh machine), the first questionnaire of a process says
     before it compiles any kernel that it compiles them and how to do it ahead, and after it how

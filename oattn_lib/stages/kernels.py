@@ -10,11 +10,15 @@ and decompose stages on a tiny synthetic sample, so every kernel is compiled wit
 signatures the stages call it with; the jobs after it load them (each logs at exit how
 many it loaded and compiled: `runtime.kernel_stats`). Outside the workflow the first call of
 the Python API runs it (`kernel_notice`), and `python -m oattn_lib.stages.kernels` runs it
-ahead, printing what it did.
+ahead, printing what it did. Warm-ups on one machine take turns (`cache_lock`): two runs, or
+two workflows of a test session, started together on a fresh machine compile each kernel
+once, the second loading what the first compiled.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import platform
 import tempfile
 import time
@@ -24,14 +28,17 @@ import numpy as np
 import xarray as xr
 
 from .. import emd, store, sweep, tree_kernels  # noqa: F401  (the kernel modules, runtime.KERNEL_MODULES)
-from ..kernel_notice import cached_dispatchers, mark_checked
+from ..kernel_notice import cached_dispatchers, mark_checked, missing_kernels
 from ..runtime import kernel_stats
 from .decompose import decompose
 from .organize import organize
 
 log = logging.getLogger("oattn")
 
-__all__ = ["kernels", "compile_kernels", "expected_kernels"]
+__all__ = ["kernels", "compile_kernels", "expected_kernels", "cache_lock"]
+
+LOCK_NAME = "oattn-kernels.lock"
+"""The lock file `cache_lock` takes, in numba's cache directory of the kernels."""
 
 
 def expected_kernels() -> list[str]:
@@ -58,12 +65,48 @@ def _tiny_sample(path: Path, n: int = 12, n_layer: int = 2, n_head: int = 3, see
     store.write_store(ds, path / "zarr.json")
 
 
+@contextlib.contextmanager
+def cache_lock():
+    """Hold an exclusive lock on the kernels' numba cache directory (its file `LOCK_NAME`) for
+    the block, waiting for another process that holds it and saying so.
+
+    numba writes each kernel's machine code to its cache without coordination: processes that
+    compile the same kernel at once each pay the whole compilation. `compile_kernels` runs in
+    this lock, so a second warm-up waits for the first and then loads every kernel from the
+    cache. An advisory lock (`fcntl.flock`): released when its process ends, however it ends.
+    Where there is no such lock (not POSIX) or the directory cannot be written, no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    where = missing_kernels()[1]
+    try:
+        os.makedirs(where, exist_ok=True)
+        fd = os.open(os.path.join(where, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            t0 = time.perf_counter()
+            log.info("kernels: another process is compiling into %s; waiting for it", where)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            log.info("kernels: waited %.1f s", time.perf_counter() - t0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def compile_kernels(workdir=None) -> dict:
     """Compile every numba kernel into numba's disk cache for this machine, as the first call of
     the Python API or a questionnaire would: done once, later calls and processes load them.
 
     Runs the organize and decompose stages on a tiny synthetic sample, so that every kernel is
-    compiled with the signatures the stages call it with (a kernel already cached is loaded).
+    compiled with the signatures the stages call it with (a kernel already cached is loaded),
+    holding `cache_lock`: a warm-up started while another runs waits for it, then loads.
     The workflow's rule `kernels`; in a notebook, `oattn_lib.stages.kernels.compile_kernels()`; from a shell,
     `python -m oattn_lib.stages.kernels`.
 
@@ -88,7 +131,7 @@ def compile_kernels(workdir=None) -> dict:
 
     mark_checked()  # the entry points it runs would announce the compiling this reports
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=workdir, prefix="oattn-kernels-") as tmp:
+    with cache_lock(), tempfile.TemporaryDirectory(dir=workdir, prefix="oattn-kernels-") as tmp:
         root = Path(tmp)
         att = root / "attention.zarr" / "zarr.json"
         _tiny_sample(att.parent, n=40)  # rows in several tiles of the L1 kernel (emd._L1Sum)
