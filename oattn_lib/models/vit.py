@@ -156,7 +156,8 @@ def _vit_b_16_weights():
 def vit_b_16_weights_path() -> Path:
     """Where torchvision keeps the ViT-B/16 ImageNet weights:
     ``<torch.hub.get_dir()>/checkpoints/vit_b_16-c867db91.pth`` (``$TORCH_HOME/hub`` when
-    TORCH_HOME is set, else ``~/.cache/torch/hub``)."""
+    TORCH_HOME is set, else ``~/.cache/torch/hub``; `models.files.vit_b_16_weights_file` finds
+    the same file without importing torch, for planning)."""
     name = os.path.basename(urlparse(_vit_b_16_weights().url).path)
     return Path(torch.hub.get_dir()) / "checkpoints" / name
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import vit_b_16_weights_file
 from .base import Ablation, Extraction, ModelKind, Sample, forward_layers
 
 log = logging.getLogger("oattn")
@@ -56,10 +57,7 @@ class ViT(ModelKind):
     def pretrained_weights(self, model: dict) -> str | None:
         if not model.get("pretrained"):
             return None
-        # torch's import costs seconds: only for a model that needs the weights
-        from ..vit import vit_b_16_weights_path
-
-        return str(vit_b_16_weights_path())
+        return str(vit_b_16_weights_file())  # found without torch: planning a run imports neither
 
     def prune_params(self, model: dict, prepared: str | None) -> dict:
         return {**super().prune_params(model, prepared), "data": {"image_size": model["data"]["image_size"]}}
