@@ -321,16 +321,14 @@ rule stage:
 def test_code_version_in_a_real_snakemake_run(tmp_path):
     """The installed Snakemake, end to end: the param is the fingerprint, Snakemake records it as
     its repr, a code edit plans the job again, and with the code trigger off it plans nothing."""
-    import subprocess
-    import sys
+    from wfutil import run_snakemake
 
     (tmp_path / "Snakefile").write_text(TINY_SNAKEFILE)
     script = tmp_path / "stage.py"
     script.write_text("x = 1\n")
 
     def snakemake(*args):
-        proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "out/a.txt", *args],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        proc = run_snakemake(["--cores", "1", "out/a.txt", *args], cwd=tmp_path, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout + proc.stderr
 

@@ -24,7 +24,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "workflow" / "presets" / "paper.yaml"
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 WIKITEXT = [f"wikitext-103/wiki.{s}.tokens" for s in ("train", "valid", "test")]
 CIFAR = [f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)] + ["cifar-10-batches-py/test_batch"]
 
@@ -43,6 +42,17 @@ def offline_env(tmp_path: Path) -> dict:
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg"}
 
 
+def paper_snakemake(tmp_path: Path, monkeypatch, *args: str):
+    """`snakemake ARGS` on the paper preset in the repository, offline (`offline_env`), with the
+    results and the data under tmp_path; through the suite's command server (wfutil)."""
+    from wfutil import run_snakemake
+
+    for var, value in offline_env(tmp_path).items():
+        monkeypatch.setenv(var, value)
+    return run_snakemake(["--nolock", "--configfile", PAPER, "--config", f"results={tmp_path / 'results'}",
+                          f"data_root={tmp_path / 'resources'}", *args], cwd=ROOT, timeout=600)
+
+
 def job_counts(output: str) -> dict[str, int]:
     """The `Job stats` table of a dry run: rule -> number of jobs."""
     table = output.split("Job stats:", 1)[1]
@@ -55,18 +65,15 @@ def job_counts(output: str) -> dict[str, int]:
     return counts
 
 
-def dry_run(tmp_path: Path, *extra: str) -> dict[str, int]:
-    res = subprocess.run(
-        [*SNAKEMAKE, "-n", "--nolock", "--configfile", str(PAPER), "--config",
-         f"results={tmp_path / 'results'}", f"data_root={tmp_path / 'resources'}", *extra],
-        cwd=ROOT, env=offline_env(tmp_path), capture_output=True, text=True, timeout=600)
+def dry_run(tmp_path: Path, monkeypatch, *extra: str) -> dict[str, int]:
+    res = paper_snakemake(tmp_path, monkeypatch, "-n", *extra)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return job_counts(res.stdout + res.stderr)
 
 
 # -- the preset plans everything, offline ------------------------------------------------
-def test_paper_preset_plans_the_full_graph_offline(tmp_path):
-    counts = dry_run(tmp_path)
+def test_paper_preset_plans_the_full_graph_offline(tmp_path, monkeypatch):
+    counts = dry_run(tmp_path, monkeypatch)
     n = 10 * 3  # 10 samples of each of the three models
     assert counts["extract"] == counts["organize"] == counts["decompose"] == n
     assert counts["entropy"] == counts["tables"] == counts["figures"] == 3
@@ -76,26 +83,22 @@ def test_paper_preset_plans_the_full_graph_offline(tmp_path):
     assert counts["download_vit_b_16_weights"] == 1
 
 
-def test_downloads_are_skipped_when_the_files_are_there(tmp_path):
+def test_downloads_are_skipped_when_the_files_are_there(tmp_path, monkeypatch):
     for f in WIKITEXT + CIFAR:
         (tmp_path / "resources" / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "resources" / f).write_text("placeholder\n")
     weights = tmp_path / "torch" / "hub" / "checkpoints" / "vit_b_16-c867db91.pth"
     weights.parent.mkdir(parents=True)
     weights.write_bytes(b"placeholder")
-    counts = dry_run(tmp_path)
+    counts = dry_run(tmp_path, monkeypatch)
     assert not {r for r in counts if r.startswith("download")}
     assert counts["prepare_data"] == 3 and counts["extract"] == 30
 
 
 @pytest.mark.workflow
-def test_offline_download_names_the_missing_file(tmp_path):
+def test_offline_download_names_the_missing_file(tmp_path, monkeypatch):
     target = tmp_path / "resources" / "cifar-10-batches-py" / "test_batch"
-    res = subprocess.run(
-        [*SNAKEMAKE, "--cores", "1", "--nolock", "--drop-metadata", "--configfile", str(PAPER),
-         "--config", f"results={tmp_path / 'results'}", f"data_root={tmp_path / 'resources'}",
-         "--", str(target)],
-        cwd=ROOT, env=offline_env(tmp_path), capture_output=True, text=True, timeout=600)
+    res = paper_snakemake(tmp_path, monkeypatch, "--cores", "1", "--drop-metadata", "--", str(target))
     assert res.returncode != 0
     log = (tmp_path / "results" / "logs" / "download" / "cifar10.log").read_text()
     assert "cifar-10-python.tar.gz" in log                  # the archive it tried to fetch
