@@ -22,32 +22,25 @@ SENTENCE = "Attention maps of a small language model, extracted layer by layer."
 
 CHILD = """
 import json, sys, time
-import gguf, torch
+
+import torch
 from oattn_lib.models import files, hf
 
-parsed, real = [], gguf.GGUFReader
-
-
-class Counting(real):
-    def __init__(self, path, *args, **kwargs):
-        parsed.append(str(path))
-        super().__init__(path, *args, **kwargs)
-
-
-gguf.GGUFReader = Counting
 way, out, sentence = sys.argv[1:4]
 cpu, wall = time.process_time(), time.perf_counter()
-if way == "transformers":
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+with hf.gguf_parses() as parsed:
+    if way == "transformers":
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    directory, name = files.smollm2_path()
-    config = AutoConfig.from_pretrained(directory, gguf_file=name, local_files_only=True)
-    model = AutoModel.from_pretrained(directory, gguf_file=name, config=config, dtype=torch.float32,
-                                      attn_implementation=hf.register_recording_attention(), local_files_only=True)
-    tok = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
-    model.eval()
-else:
-    model, tok = hf.load_hf("smollm2")
+        directory, name = files.smollm2_path()
+        config = AutoConfig.from_pretrained(directory, gguf_file=name, local_files_only=True)
+        model = AutoModel.from_pretrained(directory, gguf_file=name, config=config, dtype=torch.float32,
+                                          attn_implementation=hf.register_recording_attention(),
+                                          local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+        model.eval()
+    else:
+        model, tok = hf.load_hf("smollm2")
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
 res = hf.hf_attention(model, tok, [sentence])
 torch.save({k: res[k] for k in ("scores", "probs")}, out)

@@ -289,21 +289,9 @@ SENTENCE = "Attention maps of a small language model, extracted layer by layer."
 @pytest.fixture(scope="module")
 def smollm2():
     """SmolLM2 loaded from its GGUF file, its attention on SENTENCE, and the paths of the GGUF
-    files transformers parsed on the way (counted by a subclass of gguf's reader)."""
-    import gguf
-
-    parsed, real = [], gguf.GGUFReader
-
-    class Counting(real):
-        def __init__(self, path, *args, **kwargs):
-            parsed.append(str(path))
-            super().__init__(path, *args, **kwargs)
-
-    gguf.GGUFReader = Counting
-    try:
+    files transformers parsed on the way."""
+    with hf.gguf_parses() as parsed:
         model, tok = hf.load_hf("smollm2")
-    finally:
-        gguf.GGUFReader = real
     return model, tok, hf.hf_attention(model, tok, [SENTENCE]), parsed
 
 
@@ -337,6 +325,9 @@ def test_gguf_parsed_once_keeps_one_reader_per_file_and_restores_gguf(tmp_path):
         assert m.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)
     assert gguf.GGUFReader(a) is not first  # a plain reader again
+    with hf.gguf_parses() as parsed, hf.gguf_parsed_once():
+        assert gguf.GGUFReader(a) is gguf.GGUFReader(a) and gguf.GGUFReader(b) is not None
+    assert parsed == [str(a), str(b)] and gguf.GGUFReader is reader_class
     with pytest.raises(RuntimeError), hf.gguf_parsed_once():
         raise RuntimeError("a load that fails")
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)

@@ -81,7 +81,7 @@ from .files import is_offline, minilm_path, resolve_hf
 
 __all__ = ["ATTN_IMPLEMENTATION", "AttentionRecord", "LayerAttention", "record_attention", "kv_groups",
            "recording_attention_forward", "register_recording_attention", "supports_attention_interface",
-           "COMPUTE_DTYPES", "compute_dtype", "model_devices", "gguf_parsed_once", "load_hf", "attn_implementation", "hf_encode",
+           "COMPUTE_DTYPES", "compute_dtype", "model_devices", "gguf_parsed_once", "gguf_parses", "load_hf", "attn_implementation", "hf_encode",
            "hf_attention", "hf_attention_stream", "STACKS", "hf_seq2seq_encode",
            "hf_seq2seq_attention", "hf_embeddings", "minilm_path"]
 
@@ -322,6 +322,27 @@ def gguf_parsed_once() -> Iterator[None]:
         yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
+@contextlib.contextmanager
+def gguf_parses() -> Iterator[list[str]]:
+    """Within the block, the path of every GGUF file parsed (each `gguf.GGUFReader` made) is
+    appended to the list it yields: what a load costs in parses (bench/gguf_load.py, and the
+    tests of `gguf_parsed_once`, whose kept readers are made through it)."""
+    import gguf
+
+    parsed, reader_class = [], gguf.GGUFReader
+
+    class Counted(reader_class):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    gguf.GGUFReader = Counted
+    try:
+        yield parsed
+    finally:
+        gguf.GGUFReader = reader_class
 
 
 def load_hf(path_or_name: str, device: str | torch.device | None = None, dtype: str | torch.dtype = torch.float32,
