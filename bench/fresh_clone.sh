@@ -23,7 +23,7 @@ case $WHAT in run | test | both) ;; *) echo "usage: $0 [run|test|both]" >&2; exi
 WORK=$(mktemp -d /tmp/oattn-fresh.XXXXXX)
 cleanup() { if [ -z "${KEEP:-}" ]; then rm -rf "$WORK"; else echo "kept $WORK"; fi; }
 trap cleanup EXIT
-export PIP_NO_CACHE_DIR=1 XDG_CACHE_HOME=$WORK/cache MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PIP_NO_CACHE_DIR=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 unset NUMBA_CACHE_DIR MPLCONFIGDIR
 COMMIT=$(git -C "$SRC" rev-parse --short HEAD)
 [ -z "$(git -C "$SRC" status --porcelain --untracked-files=no)" ] || echo "note: uncommitted changes in $SRC are not in the clone"
@@ -48,6 +48,7 @@ mmss() { awk -v s="$1" 'BEGIN { printf "%d min %02d s", int(s / 60), int(s) % 60
 add() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", a + b }'; }
 
 if [[ $WHAT != test ]]; then
+    export XDG_CACHE_HOME=$WORK/cache-run  # each command's own caches: its set-up from nothing
     git clone -q "$SRC" "$WORK/run"
     step setup-run "$WORK/run" make .venv/.installed
     step run "$WORK/run" make run
@@ -60,6 +61,7 @@ if [[ $WHAT != test ]]; then
     if [ -n "${RECORD:-}" ]; then "$WORK/run/.venv/bin/python" "$SRC/bench/budget.py" record run "$WORK/run/results"; fi
 fi
 if [[ $WHAT != run ]]; then
+    export XDG_CACHE_HOME=$WORK/cache-test
     git clone -q "$SRC" "$WORK/test"
     step setup-test "$WORK/test" make .venv/.installed
     export OATTN_TEST_CPU_DIR=$WORK/test-cpu
