@@ -14,14 +14,14 @@ S^T S as scores (`oattn_lib.tensor_attention`).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchvision.models import VisionTransformer
+
+from .files import vit_b_16_weights_file
 
 __all__ = ["build_vit", "vit_attention", "recompute_attention", "build_vit_b_16",
            "vit_b_16_weights_path", "fetch_vit_b_16_weights"]
@@ -158,8 +158,7 @@ def vit_b_16_weights_path() -> Path:
     ``<torch.hub.get_dir()>/checkpoints/vit_b_16-c867db91.pth`` (``$TORCH_HOME/hub`` when
     TORCH_HOME is set, else ``~/.cache/torch/hub``; `models.files.vit_b_16_weights_file` finds
     the same file without importing torch, for planning)."""
-    name = os.path.basename(urlparse(_vit_b_16_weights().url).path)
-    return Path(torch.hub.get_dir()) / "checkpoints" / name
+    return Path(torch.hub.get_dir()) / "checkpoints" / vit_b_16_weights_file().name
 
 
 def fetch_vit_b_16_weights() -> Path:
