@@ -17,7 +17,7 @@ their disk cache ahead of the first call, which otherwise does it once per machi
 """
 from ._lazy import lazy_exports
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"  # written here only: pyproject.toml reads it; CITATION.cff, CHANGELOG.md agree
 
 _EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page")}
 __all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

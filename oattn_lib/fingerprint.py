@@ -9,9 +9,10 @@ DAG build time and never loads torch.
 
 What is hashed is each module's syntax tree without docstrings (`ast.dump`, no line
 numbers): editing a comment, a docstring or the layout changes nothing, editing code
-does. Parent packages' `__init__` modules count (importing a submodule runs them). A
-module that imports with `importlib` pulls in every module of its package, since the
-static graph cannot see which it loads. So does a lazy package (like `oattn_lib.data`,
+does. The package's `__version__` is provenance (stores record it), not code: bumping it
+changes nothing either (`PROVENANCE`). Parent packages' `__init__` modules count
+(importing a submodule runs them). A module that imports with `importlib` pulls in every
+module of its package, since the static graph cannot see which it loads. So does a lazy package (like `oattn_lib.data`,
 through `oattn_lib._lazy.lazy_exports`) that is imported by name (`from oattn_lib.data
 import text_dataset`); a lazy package that is only the parent of an imported module
 (`oattn_lib` itself, whose `__init__` runs before `oattn_lib.stages.organize`) counts with
@@ -56,6 +57,10 @@ __all__ = ["library_root", "module_closure", "declared_assets", "code_fingerprin
            "code_version", "snakemake_internals_problems", "SnakemakeInternalsError"]
 
 PACKAGE = "oattn_lib"
+PROVENANCE = frozenset({"__version__"})
+"""Module-level names that record what produced an output, not how it is computed: a
+module-level assignment of one to a string is not code (a version bump reruns nothing), and
+importing one from a package counts the package's own code, not its lazy exports."""
 
 
 def library_root() -> Path:
@@ -222,7 +227,7 @@ def _module_imports(root: Path, name: str | None, path: Path) -> _Imports:
 
 @lru_cache(maxsize=4096)
 def _imports_of_text(root: str, name: str | None, text: str, filename: str) -> _Imports:
-    key = "imports:" + _key(root, _module_files(root), name or "", text)
+    key = "imports2:" + _key(root, _module_files(root), name or "", text)
     hit = _MEMO.get(key)
     if hit is not None:
         return _Imports(*(frozenset(v) for v in hit))
@@ -259,7 +264,8 @@ def _imported_modules(root: Path, name: str | None, tree: ast.Module) -> _Import
                 continue
             subs = {f"{mod}.{a.name}" for a in node.names if _module_file(root, f"{mod}.{a.name}") is not None}
             named.update(subs)  # `from oattn_lib import store` names a module
-            if len(subs) < len(node.names):  # and any other name is an attribute of `mod`
+            if any(f"{mod}.{a.name}" not in subs and a.name not in PROVENANCE for a in node.names):
+                # and any other name is an attribute of `mod`
                 named.add(mod)
             else:
                 imported.add(mod)
@@ -316,6 +322,18 @@ def _closure(root: Path, named, parents=()) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
+def _strip_provenance(tree: ast.Module) -> ast.Module:
+    """`tree` without its module-level assignments of a `PROVENANCE` name to a string."""
+    def provenance(node) -> bool:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        return (len(targets) == 1 and isinstance(targets[0], ast.Name) and targets[0].id in PROVENANCE
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str))
+
+    tree.body = [node for node in tree.body if not provenance(node)] or [ast.Pass()]
+    return tree
+
+
 def _strip_docstrings(tree: ast.Module) -> ast.Module:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -332,10 +350,10 @@ def _code_digest(path: Path) -> str:
 
 @lru_cache(maxsize=4096)
 def _digest_of_text(text: str) -> str:
-    key = "digest:" + _key(text)
+    key = "digest2:" + _key(text)
     hit = _MEMO.get(key)
     if hit is None:
-        tree = _strip_docstrings(ast.parse(text))
+        tree = _strip_provenance(_strip_docstrings(ast.parse(text)))
         hit = hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
         _MEMO.put(key, hit)
     return hit

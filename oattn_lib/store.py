@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -20,10 +22,12 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from . import __version__
 from ._arrays import all_finite_array
 
 __all__ = ["StoreError", "atomic_output", "atomic_path", "store_path", "write_store", "read_store",
-           "load_variable", "provenance_attrs", "file_sha256", "atomic_write_text", "save_npz", "save_json",
+           "load_variable", "provenance_attrs", "software_attrs", "code_commit", "git_commit",
+           "file_sha256", "atomic_write_text", "save_npz", "save_json",
            "load_npz"]
 
 
@@ -185,12 +189,91 @@ def _require_finite(path: Path, name: str, values: np.ndarray) -> None:
         raise StoreError(f"{path}: variable {name!r} contains NaN or inf")
 
 
+def git_commit(root: str | os.PathLike) -> str | None:
+    """The git commit checked out in the work tree whose top directory is `root`: "<sha>", with
+    "-dirty" where tracked files have uncommitted changes; None where `root` is not the top of a
+    work tree, git is missing or fails. One `git status` that writes nothing (not even the
+    index's refreshed stat data, so it never contends with a git command running there).
+
+    Parameters
+    ----------
+    root : str or PathLike
+        The work tree's top directory (holding `.git`: a directory, or a file in a linked work tree).
+
+    Returns
+    -------
+    str or None
+        The commit, or None.
+    """
+    root = os.fspath(root)
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None
+    # the repository is found from `root` alone, whatever the caller's git variables say
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
+    try:
+        out = subprocess.run(["git", "-C", root, "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
+                             capture_output=True, text=True, env=env, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+        return None
+    lines = out.splitlines()
+    sha = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if sha is None or len(sha) not in (40, 64):  # no commit yet: "(initial)"
+        return None
+    dirty = any(line and not line.startswith("#") for line in lines)
+    return sha + ("-dirty" if dirty else "")
+
+
+@functools.cache
+def code_commit() -> str | None:
+    """The git commit of the library's code (`git_commit` of the directory holding `oattn_lib`,
+    where that is a clone's top directory), computed once per process (docs/method.md §12.3).
+
+    Never the commit of the current directory, which may be a user's own repository using the
+    workflow as a module; None for an installed wheel, without git, or where git fails.
+
+    Returns
+    -------
+    str or None
+        "<sha>" or "<sha>-dirty", or None.
+    """
+    return git_commit(Path(__file__).resolve().parent.parent)
+
+
+def software_attrs() -> dict:
+    """What software produced an artifact: `oattn_version` (`oattn_lib.__version__`) and, where the
+    library is a git work tree, `oattn_commit` (`code_commit`).
+
+    Returns
+    -------
+    dict
+        Strings by attribute name.
+    """
+    commit = code_commit()
+    return {"oattn_version": __version__, **({"oattn_commit": commit} if commit else {})}
+
+
 def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, code: str | None = None,
                      **extra) -> dict:
-    """Store attributes recording what produced an artifact (docs/method.md §12.3): the config slice,
-    the checkpoint hash, the stage's code fingerprint (`oattn_lib.fingerprint`, as
-    "<stage>:<hash>") and any extras; JSON strings only."""
-    attrs = {"config": json.dumps(config_slice, sort_keys=True, default=str)}
+    """Store attributes recording what produced an artifact (docs/method.md §12.3).
+
+    Parameters
+    ----------
+    config_slice : dict
+        The config the stage read, stored as JSON (`config`).
+    checkpoint_hash : str, optional
+        The SHA-256 of the model's checkpoint (`checkpoint_sha256`).
+    code : str, optional
+        The stage's code fingerprint (`oattn_lib.fingerprint`, as "<stage>:<hash>"; `code`).
+    **extra
+        Further attributes; anything but a str, int or float is stored as JSON.
+
+    Returns
+    -------
+    dict
+        The attributes, with `software_attrs` (the version of oattn and the commit of its code).
+    """
+    attrs = {"config": json.dumps(config_slice, sort_keys=True, default=str), **software_attrs()}
     if checkpoint_hash is not None:
         attrs["checkpoint_sha256"] = checkpoint_hash
     if code is not None:

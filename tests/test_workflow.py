@@ -67,6 +67,24 @@ def test_every_store_has_named_dims_and_finite_values(run):
         assert np.isfinite(ent["head_entropy"].values).all() and (ent["head_entropy"].values > 0).all()
 
 
+def test_every_store_and_the_summary_name_the_version_and_commit_of_oattn(run):
+    import zarr
+
+    import oattn_lib
+    from oattn_lib.store import code_commit
+
+    stores = sorted((run / "results").rglob("*.zarr"))
+    assert len(stores) > 20
+    commit = (code_commit() or "").removesuffix("-dirty")  # edits in the work tree may come and go
+    for path in stores:
+        attrs = zarr.open_group(path, mode="r", use_consolidated=False).attrs
+        assert attrs.get("oattn_version") == oattn_lib.__version__, path
+        assert attrs.get("oattn_commit", "").removesuffix("-dirty") == commit, path
+    made = f"Computed by oattn {oattn_lib.__version__}"
+    assert made in (run / "results" / "summary.md").read_text()
+    assert made in (run / "results" / "claims.rst").read_text()   # the report's opening page
+
+
 def test_training_learned_something(run):
     import json
     m = json.loads((run / "results" / "txl" / "model" / "metrics.json").read_text())

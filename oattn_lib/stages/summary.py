@@ -29,7 +29,7 @@ from ..temperature import crossover_counts
 
 log = logging.getLogger("oattn")
 
-__all__ = ["ModelData", "Settings", "head_crossover_text", "load_model_data", "model_rows", "prune_not_run",
+__all__ = ["ModelData", "Settings", "head_crossover_text", "load_model_data", "made_by", "model_rows", "prune_not_run",
            "replicate_data", "residual_table", "subset", "summary"]
 
 LOWEST_FIRST, RANDOM = "Haar entropy, lowest first", "random"
@@ -113,6 +113,13 @@ def head_crossover_text(curves: pd.DataFrame) -> str:
                      f"{stops}, never in {st.get('never beats', 0)}, only above some τ in "
                      f"{st.get('starts beating', 0)}")
     return "per head-sample, the organized residual is " + "; ".join(parts) if parts else ""
+
+
+def made_by() -> str:
+    """The software that computed the results, for the summary page and the report: "oattn
+    <version>", with ", commit <sha>" where the library is a git clone (`store.software_attrs`)."""
+    made = store.software_attrs()
+    return f"oattn {made['oattn_version']}" + (f", commit {made['oattn_commit']}" if "oattn_commit" in made else "")
 
 
 def prune_not_run(kind: str) -> str:
@@ -463,7 +470,8 @@ def summary(kinds: dict, inputs: dict, outs: dict, fraction: float, claims: dict
     where the model has a `stability` section, `maskedentropy` and `maskeddecomposed` (the other
     masked rule's entropy store and decomposed stores, where it ran). claims: the config's `claims`
     section (bootstrap, permutations, null_draws, seed). outs: `md`, and the claims table as
-    `claims_csv` and `claims_rst` (reStructuredText, the report's opening page).
+    `claims_csv` and `claims_rst` (reStructuredText, the report's opening page); the Markdown page
+    and the report's opening page name the version of oattn and the commit that computed them (`made_by`).
     """
     c = dict(claims or {})
     settings = Settings(fraction=fraction, bootstrap=int(c.get("bootstrap", 2000)),
@@ -483,11 +491,12 @@ def summary(kinds: dict, inputs: dict, outs: dict, fraction: float, claims: dict
     stability = {name: inputs.get(f"stability_{name}") for name in datas}
     final = _replication(final, multipliers, datas, settings, {k: v for k, v in others.items() if v is not None},
                          stability)
+    made = made_by()
     store.atomic_write_text(outs["claims_csv"], pd.DataFrame(claims_records(final)).to_csv(index=False))
-    store.atomic_write_text(outs["claims_rst"], claims_rst(final))
+    store.atomic_write_text(outs["claims_rst"], claims_rst(final) + f"\nComputed by {made}.\n")
     n_tests = sum(1 for r in final if r.test is not None)
     samples = ", ".join(f"{n} {d.samples.size}" for n, d in datas.items())
-    lines = ["# oattn results\n", "## The paper's claims, as measured here\n",
+    lines = ["# oattn results\n", f"Computed by {made}.\n", "## The paper's claims, as measured here\n",
              f"{n_tests} tests, Holm-corrected together; samples per model: {samples} (the paper used 10 per model "
              "and 6 for Table 1; fewer samples widen every interval and raise every mde).\n",
              claims_markdown(final)]
