@@ -2,7 +2,8 @@
 
 Properties, on real data where it ships with Python or scikit-learn and on tiny
 fixtures written in the exact on-disk formats of WikiText-103 and CIFAR-10 otherwise.
-No test touches the network: downloads are tested on file:// URLs.
+No test touches the network: downloads are tested against an HTTP server on the loopback
+interface, serving files of the test's temporary directory.
 """
 from __future__ import annotations
 
@@ -458,34 +459,61 @@ def test_digits_upsampling_preserves_mean_intensity(digits):
 
 # ---------------------------------------------------------------------- downloads
 
-def _fixture_file(path: Path, payload: bytes) -> tuple[str, str, str]:
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """The URL of a file under tmp_path (`served(path)`), answered by an HTTP server on the
+    loopback interface for the test's duration (a proxy in the environment is bypassed)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    yield lambda path: f"{base}/{Path(path).relative_to(tmp_path).as_posix()}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def _fixture_file(served, path: Path, payload: bytes) -> tuple[str, str, str]:
     path.write_bytes(payload)
-    return path.as_uri(), hashlib.sha256(payload).hexdigest(), hashlib.md5(payload).hexdigest()
+    return served(path), hashlib.sha256(payload).hexdigest(), hashlib.md5(payload).hexdigest()
 
 
-def test_download_file_url(tmp_path):
-    url, sha, md5 = _fixture_file(tmp_path / "src.bin", os.urandom(3 << 20))
+def test_download_over_http(tmp_path, served):
+    url, sha, md5 = _fixture_file(served, tmp_path / "src.bin", os.urandom(3 << 20))
     dest = tmp_path / "out" / "dest.bin"
     assert download(url, dest, sha256=sha, md5=md5) == dest
     assert dest.read_bytes() == (tmp_path / "src.bin").read_bytes()
     assert [p.name for p in dest.parent.iterdir()] == ["dest.bin"]
 
 
-def test_download_checksum_mismatch_leaves_nothing(tmp_path):
-    url, sha, _ = _fixture_file(tmp_path / "src.bin", b"payload")
+def test_download_checksum_mismatch_leaves_nothing(tmp_path, served):
+    url, sha, md5 = _fixture_file(served, tmp_path / "src.bin", b"payload")
     dest = tmp_path / "out" / "dest.bin"
     with pytest.raises(RuntimeError, match="checksum mismatch") as err:
         download(url, dest, sha256="0" * 64)
     assert url in str(err.value) and str(dest) in str(err.value)
     with pytest.raises(RuntimeError, match="MD5"):
         download(url, dest, md5="0" * 32)
+    with pytest.raises(RuntimeError, match="MD5"):  # the second checksum is checked before the move too
+        download(url, dest, sha256=sha, md5="0" * 32)
     assert list(dest.parent.iterdir()) == []
     with pytest.raises(ValueError, match="sha256"):
         download(url, dest, sha256="not-hex")
+    assert download(url, dest, sha256=sha, md5=md5).read_bytes() == b"payload"
 
 
-def test_download_skips_existing_verified_file(tmp_path):
-    url, sha, _ = _fixture_file(tmp_path / "src.bin", b"new content")
+def test_download_skips_existing_verified_file(tmp_path, served):
+    url, sha, _ = _fixture_file(served, tmp_path / "src.bin", b"new content")
     dest = tmp_path / "dest.bin"
     dest.write_bytes(b"new content")
     (tmp_path / "src.bin").unlink()  # a second fetch would fail: the skip must happen
@@ -496,55 +524,74 @@ def test_download_skips_existing_verified_file(tmp_path):
     with pytest.raises(RuntimeError, match="failed") as err:
         download(url, dest, sha256=sha)
     assert url in str(err.value) and str(dest) in str(err.value) and "place it" in str(err.value)
+    assert dest.read_bytes() == b"kept as is"
 
 
-def test_download_network_failure_message(tmp_path):
-    missing = (tmp_path / "nowhere.zip").as_uri()
+def test_download_network_failure_message(tmp_path, served):
+    missing = served(tmp_path / "nowhere.zip")
     with pytest.raises(RuntimeError) as err:
         download(missing, tmp_path / "x.zip")
     msg = str(err.value)
     assert missing in msg and str(tmp_path / "x.zip") in msg and "place it" in msg
     assert not (tmp_path / "x.zip").exists()
+    local = (tmp_path / "nowhere.zip").as_uri()  # pooch fetches over http, https and ftp only
+    with pytest.raises(RuntimeError, match="unsupported URL scheme 'file'") as err:
+        download(local, tmp_path / "x.zip")
+    assert local in str(err.value) and "place it" in str(err.value)
 
 
-def test_fetch_cifar10_from_file_url(tmp_path):
+def test_fetch_cifar10_over_http(tmp_path, served):
     src = tmp_path / "src"
     written = _write_cifar(src)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         tf.add(src / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    url, _, md5 = _fixture_file(tmp_path / "cifar.tar.gz", buf.getvalue())
+    url, _, md5 = _fixture_file(served, tmp_path / "cifar.tar.gz", buf.getvalue())
     root = tmp_path / "data"
     target = fetch_cifar10(root, urls=[url], md5=md5)
     assert target == root / "cifar-10-batches-py"
     images, labels = load_cifar10(root, "test")
     assert labels.tolist() == written["test_batch"][1]
     assert sorted(p.name for p in root.iterdir()) == ["cifar-10-batches-py", "cifar-10-python.tar.gz"]
-    assert fetch_cifar10(root, urls=["file:///nonexistent"], md5=md5) == target  # already there
+    assert fetch_cifar10(root, urls=[served(tmp_path / "gone.tar.gz")], md5=md5) == target  # already there
 
 
-def test_fetch_rejects_archive_escaping_root(tmp_path):
+def test_fetch_rejects_archive_escaping_root(tmp_path, served):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("wikitext-103/wiki.train.tokens", " a \n")
         zf.writestr("../evil.txt", "x")
-    url, _, md5 = _fixture_file(tmp_path / "w.zip", buf.getvalue())
+    url, _, md5 = _fixture_file(served, tmp_path / "w.zip", buf.getvalue())
     root = tmp_path / "data"
     with pytest.raises(RuntimeError, match="refusing"):
         fetch_wikitext103(root, urls=[url], md5=md5)
     assert not (tmp_path / "evil.txt").exists() and not (root / "wikitext-103").exists()
 
 
-def test_fetch_wikitext103_from_file_url(tmp_path):
+def test_fetch_rejects_a_link_in_a_tar(tmp_path, served):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        link = tarfile.TarInfo("cifar-10-batches-py/test_batch")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tf.addfile(link)
+    url, _, md5 = _fixture_file(served, tmp_path / "c.tar.gz", buf.getvalue())
+    root = tmp_path / "data"
+    with pytest.raises(RuntimeError, match="not a regular file"):
+        fetch_cifar10(root, urls=[url], md5=md5)
+    assert not (root / "cifar-10-batches-py").exists()
+
+
+def test_fetch_wikitext103_over_http(tmp_path, served):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         for split, text in _WIKI.items():
             zf.writestr(f"wikitext-103/wiki.{split}.tokens", text)
-    url, _, md5 = _fixture_file(tmp_path / "w.zip", buf.getvalue())
+    url, _, md5 = _fixture_file(served, tmp_path / "w.zip", buf.getvalue())
     root = tmp_path / "data"
     # the first source fails, the mirror answers
-    fetch_wikitext103(root, urls=[(tmp_path / "dead.zip").as_uri(), url], md5=md5)
+    fetch_wikitext103(root, urls=[served(tmp_path / "dead.zip"), url], md5=md5)
     assert load_wikitext(root)["valid"] == ["=", "Homarus", "gammarus", "=", EOS]
+    assert not list(root.glob(".extract-*")) and not list(root.glob("tmp*"))
 
 
 def test_a_pretrained_model_draws_from_every_document_a_trained_one_from_its_test_split(tmp_path):

@@ -1,24 +1,28 @@
 """Downloads of the paper's datasets, checksummed and atomic.
 
-`download` streams a URL to a temporary file next to the destination, verifies its
-checksum, then renames it into place: an interrupted or corrupt download never leaves
-a file that looks complete. `fetch_wikitext103` and `fetch_cifar10` download and
-extract the public archives into the layout `load_wikitext` and `load_cifar10` read.
-Nothing in the library downloads implicitly; the workflow's download rules call these.
+`download` fetches a URL with pooch (`pooch.retrieve`): the body streams to a temporary
+file next to the destination, its checksum is verified, and only then is it moved into
+place, so an interrupted or corrupt download never leaves a file that looks complete.
+`fetch_wikitext103` and `fetch_cifar10` download the public archives and unpack them with
+pooch's processors (`pooch.Unzip`, `pooch.Untar`) into the layout `load_wikitext` and
+`load_cifar10` read. Nothing in the library downloads implicitly; the workflow's download
+rules call these.
 """
 from __future__ import annotations
 
-import hashlib
+import ftplib
 import os
 import re
 import shutil
 import tarfile
 import tempfile
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Sequence
+from urllib.parse import urlsplit
+
+import pooch
+import requests
 
 __all__ = ["download", "fetch_wikitext103", "fetch_cifar10", "WIKITEXT103_URLS",
            "WIKITEXT103_MD5", "CIFAR10_URL", "CIFAR10_MD5"]
@@ -32,8 +36,8 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 
 _CHUNK = 1 << 20
-# some mirrors refuse urllib's default "Python-urllib/x.y" agent
-_USER_AGENT = "Mozilla/5.0 (compatible; oattn-data/0.1)"
+# some mirrors refuse a library's default agent ("python-requests/x.y")
+_USER_AGENT = "Mozilla/5.0 (compatible; oattn-data)"
 
 
 def _check_digest(value, name: str, length: int) -> str | None:
@@ -44,78 +48,114 @@ def _check_digest(value, name: str, length: int) -> str | None:
     return value.lower()
 
 
-def _digests(path: Path) -> tuple[str, str]:
-    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            sha.update(chunk)
-            md5.update(chunk)
-    return sha.hexdigest(), md5.hexdigest()
+def _name(alg: str) -> str:
+    return {"sha256": "SHA-256", "md5": "MD5"}[alg]
 
 
-def _mismatch(sha_got: str, md5_got: str, sha256: str | None, md5: str | None) -> str | None:
-    """A description of the first checksum that does not match, or None."""
-    if sha256 is not None and sha_got != sha256:
-        return f"SHA-256 {sha_got}, expected {sha256}"
-    if md5 is not None and md5_got != md5:
-        return f"MD5 {md5_got}, expected {md5}"
-    return None
+def _mismatches(path: Path, known: dict[str, str]) -> dict[str, str]:
+    """The checksums of `path` that are not their `known` value (algorithm -> hex digest),
+    each as a description."""
+    out = {}
+    for alg, want in known.items():
+        got = pooch.file_hash(str(path), alg=alg)
+        if got != want:
+            out[alg] = f"{_name(alg)} {got}, expected {want}"
+    return out
+
+
+def _downloader(url: str, timeout: float, known: dict[str, str]):
+    """pooch's downloader for `url`'s scheme (http, https or ftp; None for any other), with a
+    progress bar, which then checks every checksum `known` (algorithm -> hex digest) of the
+    temporary file: pooch verifies one before it moves a download into place, and a file
+    failing any must not be moved. A mismatch is a ValueError, as pooch's own check raises."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in ("http", "https"):
+        inner = pooch.HTTPDownloader(progressbar=True, chunk_size=_CHUNK, timeout=timeout,
+                                     headers={"User-Agent": _USER_AGENT})
+    elif scheme == "ftp":
+        inner = pooch.FTPDownloader(progressbar=True, chunk_size=_CHUNK, timeout=timeout)
+    else:
+        return None
+
+    def fetch(url, output_file, pup):
+        inner(url, output_file, pup)
+        bad = _mismatches(Path(output_file), known)
+        if bad:
+            raise ValueError(f"the download has {'; '.join(bad.values())}")
+
+    return fetch
 
 
 def download(url: str, dest: str | os.PathLike, sha256: str | None = None,
              md5: str | None = None, timeout: float = 60.0) -> Path:
-    """Download `url` to `dest` and verify its checksum(s); return `dest` as a Path.
+    """Download `url` to `dest` and verify its checksum(s).
 
     Skipped when `dest` already exists and matches the given checksums (or when no
-    checksum is given). The body is streamed to a temporary file in dest's directory,
-    checked, then renamed over `dest` (os.replace), so `dest` is either absent or
-    complete. Raises RuntimeError naming the URL and the destination when the transfer
-    fails or the checksum does not match; nothing is left behind in either case.
+    checksum is given). Otherwise `pooch.retrieve` streams the body (http, https or ftp,
+    with a progress bar on stderr) to a temporary file in dest's directory, which is
+    checked, then moved over `dest`: `dest` is either absent or complete.
+
+    Parameters
+    ----------
+    url : str
+        Where to download from: an http, https or ftp URL.
+    dest : str or PathLike
+        The file to write (its directory is created).
+    sha256, md5 : str, optional
+        The expected checksums, hexadecimal; every one given must match.
+    timeout : float
+        Seconds to wait for the server to answer.
+
+    Returns
+    -------
+    Path
+        `dest`.
+
+    Raises
+    ------
+    ValueError
+        `url`, `dest` or a checksum is malformed.
+    RuntimeError
+        The transfer failed or the download does not match a checksum; the message names
+        the URL and the destination, and nothing is left behind.
     """
     if not isinstance(url, str) or not url:
         raise ValueError(f"url: expected a non-empty str, got {url!r}")
-    sha256 = _check_digest(sha256, "sha256", 64)
-    md5 = _check_digest(md5, "md5", 32)
+    known = {alg: v for alg, v in (("sha256", _check_digest(sha256, "sha256", 64)),
+                                    ("md5", _check_digest(md5, "md5", 32))) if v is not None}
     dest = Path(dest)
     if dest.is_dir():
         raise ValueError(f"dest: {str(dest)!r} is a directory; pass the path of the file to write")
-
+    if dest.is_file() and not known:
+        return dest
+    manual = (f"Download it by other means and place it at {str(dest)!r}"
+              + "".join(f" (its {_name(alg)} must be {v})" for alg, v in known.items()) + ".")
+    # pooch verifies one checksum (the first given) and keeps an existing file that matches it
+    primary = next(iter(known.items()), None)
     if dest.is_file():
-        if sha256 is None and md5 is None:
+        bad = _mismatches(dest, known)
+        if not bad:
             return dest
-        if _mismatch(*_digests(dest), sha256, md5) is None:
-            return dest
+        if primary[0] not in bad:
+            raise RuntimeError(f"checksum mismatch for {str(dest)!r}: its {_name(primary[0])} matches but it has "
+                               f"{'; '.join(bad.values())}: the checksums given disagree. {manual}")
         # an existing file with the wrong checksum is replaced by a fresh download
 
-    manual = (f"Download it by other means and place it at {str(dest)!r}"
-              + (f" (its SHA-256 must be {sha256})" if sha256 else "")
-              + (f" (its MD5 must be {md5})" if md5 else "") + ".")
+    downloader = _downloader(url, timeout, known)
+    if downloader is None:
+        raise RuntimeError(f"download of {url!r} to {str(dest)!r} failed: unsupported URL scheme "
+                           f"{urlsplit(url).scheme or '(none)'!r} (http, https or ftp). {manual}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
     try:
-        sha, dig_md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-        with os.fdopen(fd, "wb") as out:
-            try:
-                request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
-                with urllib.request.urlopen(request, timeout=timeout) as resp:
-                    while chunk := resp.read(_CHUNK):
-                        out.write(chunk)
-                        sha.update(chunk)
-                        dig_md5.update(chunk)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                # URLError/HTTPError/timeouts are OSErrors; ValueError: malformed URL
-                raise RuntimeError(f"download of {url!r} to {str(dest)!r} failed: {exc}. "
-                                   f"{manual}") from exc
-        bad = _mismatch(sha.hexdigest(), dig_md5.hexdigest(), sha256, md5)
-        if bad is not None:
-            raise RuntimeError(f"checksum mismatch for {url!r}: the download has {bad}; it was "
-                               f"discarded and {str(dest)!r} was not written. The file may be "
-                               f"corrupt or changed upstream. {manual}")
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        pooch.retrieve(url, known_hash=None if primary is None else f"{primary[0]}:{primary[1]}",
+                       fname=dest.name, path=dest.parent, downloader=downloader)
+    except (requests.RequestException, OSError, *ftplib.all_errors) as exc:
+        # before ValueError: some of requests' errors (a malformed URL) are ValueErrors too
+        raise RuntimeError(f"download of {url!r} to {str(dest)!r} failed: {exc}. {manual}") from exc
+    except ValueError as exc:  # pooch: a checksum does not match; the download was deleted
+        raise RuntimeError(f"checksum mismatch for {url!r}: {exc}; it was discarded and "
+                           f"{str(dest)!r} was not written. The file may be corrupt or changed "
+                           f"upstream. {manual}") from exc
     return dest
 
 
@@ -155,6 +195,42 @@ def _fetch(urls: Sequence[str], archive: Path, md5: str | None) -> None:
     raise RuntimeError("every source failed:\n  " + "\n  ".join(errors))
 
 
+def _checked_members(archive: Path, top: str) -> None:
+    """Refuse an archive with a member outside top/ or, in a tar, one that is not a regular
+    file or directory (a link or a device): pooch's `Untar` filters members only from
+    Python 3.12 on."""
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            for name in zf.namelist():
+                _check_member(name, archive, top)
+        return
+    with tarfile.open(archive, "r:*") as tf:
+        for member in tf.getmembers():
+            _check_member(member.name, archive, top)
+            if not (member.isfile() or member.isdir()):
+                raise RuntimeError(f"{str(archive)!r}: refusing to extract {member.name!r}, which "
+                                   "is not a regular file or directory")
+
+
+def _unpack(archive: Path, root: Path, top: str) -> None:
+    """Unpack `archive` (zip or tar) with pooch's processor into a staging directory beside
+    it, then move its top/ into root/top: an interrupted extraction leaves nothing that
+    looks complete at root/top."""
+    processor = pooch.Unzip if archive.name.endswith(".zip") else pooch.Untar
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".extract-"))
+    try:
+        try:
+            _checked_members(archive, top)
+            # a processor is called as pooch.retrieve would after a download
+            processor(extract_dir=str(staging))(str(archive), "download", None)
+        except (zipfile.BadZipFile, tarfile.TarError) as exc:
+            raise RuntimeError(f"{str(archive)!r} could not be extracted ({exc}); delete it and "
+                               "fetch again") from exc
+        _install_tree(staging, root, top)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def fetch_wikitext103(root: str | os.PathLike, urls: Sequence[str] = WIKITEXT103_URLS,
                       md5: str | None = WIKITEXT103_MD5) -> Path:
     """Download and unzip WikiText-103 (word level, v1) into ``root/wikitext-103``.
@@ -162,7 +238,26 @@ def fetch_wikitext103(root: str | os.PathLike, urls: Sequence[str] = WIKITEXT103
     Tries `urls` in order (the original release, then its author's mirror), verifying
     the archive's MD5, keeps the archive at ``root/wikitext-103-v1.zip`` and extracts
     the tokens files safely (every member must lie under wikitext-103/). Does nothing
-    when the three ``wiki.*.tokens`` files are already there. Returns the directory.
+    when the three ``wiki.*.tokens`` files are already there.
+
+    Parameters
+    ----------
+    root : str or PathLike
+        The data directory (the config's data_root).
+    urls : sequence of str
+        Sources of the archive, tried in order.
+    md5 : str, optional
+        The archive's MD5.
+
+    Returns
+    -------
+    Path
+        ``root/wikitext-103``.
+
+    Raises
+    ------
+    RuntimeError
+        Every source failed, or the archive is not the expected release.
     """
     from .text import WIKITEXT_FILES
 
@@ -173,19 +268,7 @@ def fetch_wikitext103(root: str | os.PathLike, urls: Sequence[str] = WIKITEXT103
     root.mkdir(parents=True, exist_ok=True)
     archive = root / "wikitext-103-v1.zip"
     _fetch(urls, archive, md5)
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=".extract-"))
-    try:
-        try:
-            with zipfile.ZipFile(archive) as zf:
-                for name in zf.namelist():
-                    _check_member(name, archive, "wikitext-103")
-                zf.extractall(staging)
-        except zipfile.BadZipFile as exc:
-            raise RuntimeError(f"{str(archive)!r} is not a zip archive ({exc}); delete it and "
-                               "fetch again") from exc
-        _install_tree(staging, root, "wikitext-103")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _unpack(archive, root, "wikitext-103")
     missing = [f for f in WIKITEXT_FILES.values() if not (target / f).is_file()]
     if missing:
         raise RuntimeError(f"{str(archive)!r} did not contain wikitext-103/{missing[0]}; it is not "
@@ -198,9 +281,28 @@ def fetch_cifar10(root: str | os.PathLike, urls: Sequence[str] = (CIFAR10_URL,),
     """Download and untar CIFAR-10 (python version) into ``root/cifar-10-batches-py``.
 
     Verifies the archive's MD5, keeps it at ``root/cifar-10-python.tar.gz`` and
-    extracts with tarfile's "data" filter (no absolute paths, links out of the tree or
-    special files; every member must lie under cifar-10-batches-py/). Does nothing when
-    the six batches are already there. Returns the directory.
+    extracts regular files and directories only, every one under cifar-10-batches-py/
+    (no absolute paths, links or special files). Does nothing when the six batches are
+    already there.
+
+    Parameters
+    ----------
+    root : str or PathLike
+        The data directory (the config's data_root).
+    urls : sequence of str
+        Sources of the archive, tried in order.
+    md5 : str, optional
+        The archive's MD5.
+
+    Returns
+    -------
+    Path
+        ``root/cifar-10-batches-py``.
+
+    Raises
+    ------
+    RuntimeError
+        Every source failed, or the archive is not the expected release.
     """
     root = Path(root)
     target = root / "cifar-10-batches-py"
@@ -210,27 +312,7 @@ def fetch_cifar10(root: str | os.PathLike, urls: Sequence[str] = (CIFAR10_URL,),
     root.mkdir(parents=True, exist_ok=True)
     archive = root / "cifar-10-python.tar.gz"
     _fetch(urls, archive, md5)
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=".extract-"))
-    try:
-        try:
-            with tarfile.open(archive, "r:*") as tf:
-                members = tf.getmembers()
-                for member in members:
-                    _check_member(member.name, archive, "cifar-10-batches-py")
-                if hasattr(tarfile, "data_filter"):
-                    tf.extractall(staging, filter="data")
-                else:  # Python < 3.11.4: no extraction filters; allow plain files and dirs only
-                    bad = next((m.name for m in members if not (m.isfile() or m.isdir())), None)
-                    if bad is not None:
-                        raise RuntimeError(f"{str(archive)!r}: refusing to extract {bad!r}, which "
-                                           "is not a regular file or directory")
-                    tf.extractall(staging)
-        except tarfile.TarError as exc:
-            raise RuntimeError(f"{str(archive)!r} could not be extracted ({exc}); delete it and "
-                               "fetch again") from exc
-        _install_tree(staging, root, "cifar-10-batches-py")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    _unpack(archive, root, "cifar-10-batches-py")
     missing = [b for b in batches if not (target / b).is_file()]
     if missing:
         raise RuntimeError(f"{str(archive)!r} did not contain cifar-10-batches-py/{missing[0]}; it "
