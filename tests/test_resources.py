@@ -271,15 +271,20 @@ def test_parameters_are_counted_from_safetensors_headers_whatever_the_dtype(tmp_
     assert resources.parameter_count([tmp_path / "missing"]) == 0
 
 
-@pytest.mark.parametrize("content, match", [(b"\xff" * 8 + b" " * 64, "header length"),
-                                            (b"\x05\0\0\0\0\0\0\0{not" + b" " * 64, "not JSON"),
-                                            (b"\x11\0\0\0\0\0\0\0" + b'{"a":{"shape":3}}', "shape"),
-                                            (b"\x01\0", "truncated")])
+TRUNCATED_HEADER = b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}'.ljust(64)
+
+
+@pytest.mark.parametrize("content, match", [(b"\xff" * 8 + b" " * 64, "header too large"),
+                                            (b"\x05\0\0\0\0\0\0\0{not" + b" " * 64, "JSON"),
+                                            (b"\x11\0\0\0\0\0\0\0" + b'{"a":{"shape":3}}', "JSON"),
+                                            (b"\x01\0", "header too small"),
+                                            # a header whose tensors the file does not hold: truncated
+                                            (b"\x40\0\0\0\0\0\0\0" + TRUNCATED_HEADER, "not fully covered")])
 def test_a_malformed_safetensors_header_is_an_error_naming_the_file(tmp_path, content, match):
     # an absurd length is refused before anything of that size is read
     f = tmp_path / "bad.safetensors"
     f.write_bytes(content)
-    with pytest.raises(ValueError, match=rf"bad\.safetensors.*{match}"):
+    with pytest.raises(ValueError, match=rf"bad\.safetensors: not a valid safetensors file.*{match}"):
         resources.parameter_count([f])
 
 
