@@ -277,6 +277,27 @@ def test_plan_is_full_resolution_when_it_fits_and_level_of_detail_within_the_bud
     assert generous.side == 128 and generous.full == {0: [1, 2], 1: [1, 2]}
 
 
+# -- token text -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("pieces, shown", [
+    # byte-level BPE (SmolLM2's stores): Ġ a space, Ċ a newline, ĉ a tab, each character a byte
+    (["Base", "Ġclass", ".", "Ċ", "ĊĊ", "ĠcafÃ©", "ĉx", "<|im_start|>"],
+     ["Base", "␣class", ".", "↵", "↵↵", "␣café", "⇥x", "<|im_start|>"]),
+    (["Ġâ", "Ģ", "ľ"], ["␣\\xe2", "\\x80", "\\x9c"]),  # a character split over pieces: its bytes, visible
+    # SentencePiece: ▁ a space, <0xNN> a byte
+    (["▁named", "▁", "<0x0A>", "<0x09>", "ed", "</s>"], ["␣named", "␣", "↵", "⇥", "ed", "</s>"]),
+    # WordPiece (MiniLM's stores): ## continues a word, any other piece but punctuation starts one
+    (["[CLS]", "the", "st", "##mt", "\"", "*", "[SEP]", "a"], ["[CLS]", "␣the", "␣st", "mt", "\"", "*", "[SEP]", "␣a"]),
+    # words of a word-level vocabulary (txl's), and text given as it is (attention files)
+    (["__getattribute__", "(", "<eos>", "##", "[x]"], ["__getattribute__", "(", "<eos>", "##", "[x]"]),
+    ([" named", "a\nb", "tab\t", "  ", "\x00"], ["␣named", "a↵b", "tab⇥", "␣␣", "␀"]),
+])
+def test_tokens_are_shown_as_text_with_visible_spaces_and_newlines(pieces, shown):
+    from oattn_lib.explorer.collect import SPACE_MARK, shown_tokens
+
+    assert SPACE_MARK == "␣"
+    assert shown_tokens(pieces) == shown
+
+
 # -- the pages of the tiny workflow, in chromium -------------------------------------------------
 CHROMIUM = os.environ.get("OATTN_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 MODELS = {"txl": ("txl", "scores"), "vit": ("vit", "probs"), "lm": ("hf", "probs")}
@@ -721,9 +742,24 @@ def test_gqa_grid_groups_heads_by_kv_group_and_a_click_selects_the_right_head(br
     explorer("gqa", "hf", *[[b / f"{d}/sample{i}.zarr" for i in range(2)] for d in ("attention", "organized",
                                                                                      "decomposed")],
              b / "entropy.zarr", b / "tables/table1.csv", b / "tables/table2.csv", page, quantity="probs",
-             figure_heads=[[0, 0]], questionnaire2d_iters=1, heads_2d=1, max_side=128, data_mb=9.0)
+             figure_heads=[[0, 0]], questionnaire2d_iters=1, heads_2d=7, max_side=128, data_mb=9.0)
     p = Page(browser, page, tmp_path)
     assert p.js("document.getElementById('grid').layout.xaxis.ticktext") == ["1·g0", "3·g0", "0·g1", "2·g1"]
+    # the one head without a 2-D organization: its 2-D views say so, the list of the 7 that have
+    # one wrapped inside each panel
+    units_2d = p.js("window.oattn.data.meta.units_2d")
+    [absent] = set(range(8)) - set(units_2d)
+    p.after(lambda: p.pg.select_option("#head", str(absent)))
+    for view in ("org2d", "resid"):
+        note, panel, fits = p.js("""(v) => { const n = document.getElementById('absent-' + v), b = (e) => {
+            const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+            return [b(n), b(n.parentElement), n.scrollWidth <= n.clientWidth && !n.hidden]; }""", view)
+        assert fits and panel[0] <= note[0] < note[2] <= panel[2] and panel[1] <= note[1] < note[3] <= panel[3], \
+            (view, note, panel)
+        text = p.js(f"document.getElementById('absent-{view}').textContent")
+        assert "not computed" in text and text.count(", ") == len(units_2d) - 1, text
+    p.after(lambda: p.pg.select_option("#head", str(units_2d[0])))
+    assert p.js("document.getElementById('absent-org2d').hidden")
     for col, head in ((0, 1), (3, 2)):
         p.click_grid(1, col)
         assert p.unit() == 4 + head
@@ -781,12 +817,23 @@ def test_the_workflow_pages_follow_the_config_and_the_stores(clean_run):
 
 
 # -- causal heads and a subset store, in chromium ------------------------------------------------
+def bpe_pieces(n: int) -> list[str]:
+    """n tokens as a byte-level BPE tokenizer gives them: words after a space (Ġ) or not, a newline (Ċ)."""
+    return ["Ċ" if i == 5 else ("Ġ" if i % 2 == 0 else "") + f"w{i}" for i in range(n)]
+
+
+def bpe_shown(n: int) -> list[str]:
+    """What the page shows of `bpe_pieces(n)`."""
+    return ["↵" if i == 5 else ("␣" if i % 2 == 0 else "") + f"w{i}" for i in range(n)]
+
+
 @pytest.fixture(scope="module")
 def causal_pages(tmp_path_factory):
     """Pages of a synthetic decoder whose stores hold layers 1 and 3 of 4 and heads 0 and 2 of 3:
     layer 1 causal, layer 3 unmasked; pre-softmax scores (the pre-mask scores of the masked
     entries are in the store, as extract writes them). `full`: 16 tokens, every head at full
-    resolution; `lod`: 40 tokens at a level of detail of 8 x 8, every head also at full resolution."""
+    resolution, its tokens byte-level BPE pieces (`bpe_pieces`); `lod`: 40 tokens at a level of detail
+    of 8 x 8, every head also at full resolution."""
     from oattn_lib.explorer.synthetic import synthetic_model
     from oattn_lib.stages.explorer import explorer
 
@@ -795,7 +842,7 @@ def causal_pages(tmp_path_factory):
     for name, n, max_side in (("full", 16, 128), ("lod", 40, 8)):
         allowed = np.stack([np.tril(np.ones((n, n), bool)), np.ones((n, n), bool)])
         b = synthetic_model(out / "stores", name, "txl", n, 2, 2, 2, allowed=allowed, layers=[1, 3], heads=[0, 2],
-                            seed=7)["base"]
+                            seed=7, tokens=bpe_pieces(n) if name == "full" else None)["base"]
         pages[name] = out / f"{name}.html"
         explorer(name, "txl", *[[b / f"{d}/sample{i}.zarr" for i in range(2)] for d in ("attention", "organized",
                                                                                           "decomposed")],
@@ -818,10 +865,14 @@ def synthetic_head(base, u):
 def test_a_causal_heads_views_draw_its_masked_entries_as_masked(browser, causal_pages, tmp_path):
     """Every view of a causal head is null (plotly's gap, the grey background) exactly at the
     masked entries, permuted with the view's rows and columns; hover says "masked" there; the
-    colour range is the allowed entries'. The unmasked layer's heads have no gap."""
+    colour range is the allowed entries'. The unmasked layer's heads have no gap. The tokens
+    (byte-level BPE pieces) show as their text, in the hover and as the axes' tick labels (16
+    tokens: few enough), in each view's order."""
     p = Page(browser, causal_pages["full"], tmp_path)
     S = p.js("window.oattn.data.samples[0]")
     n = len(S["tokens"])
+    shown = bpe_shown(n)
+    assert S["tokens"] == S["key_tokens"] == shown
     for u in range(4):
         if u != p.unit():
             p.after(lambda: p.pg.select_option("#head", str(u)))
@@ -835,6 +886,10 @@ def test_a_causal_heads_views_draw_its_masked_entries_as_masked(browser, causal_
             assert_shows(p.z(view), x[ix], f"unit {u} {view}", allowed=a[ix])
             text = np.array(p.js(f"document.getElementById('{view}').data[0].text"))
             assert np.array_equal(np.char.find(text.astype(str), "masked") >= 0, ~a[ix]), f"unit {u} {view} hover"
+            if u == 0:  # the tick labels plotly drew: each row's and column's token, in the view's order
+                ticks = p.js(f"['ytick', 'xtick'].map((t) => Array.from(document.querySelectorAll("
+                             f"'#{view} .' + t + ' text')).map((e) => e.textContent))")
+                assert ticks == [[shown[i] for i in ro], [shown[j] for j in co]], f"{view} tick labels"
         resid = p.z("view-resid")
         assert np.array_equal(np.isnan(resid), ~a[np.ix_(o2["rows"]["order"], o2["cols"]["order"])]), "residual"
         heat = p.js("document.getElementById('view-raw').data[0]")
@@ -848,7 +903,7 @@ def test_a_causal_heads_views_draw_its_masked_entries_as_masked(browser, causal_
                 p.pg.mouse.move(*p.pixel("view-raw", k + 0.5, q + 0.5), steps=4)
                 p.pg.wait_for_function("(w) => { const h = document.querySelector('#view-raw .hoverlayer');"
                                        " return h && w.every((t) => h.textContent.includes(t)); }",
-                                       arg=[f"query #{q} w{q}", f"key #{k} w{k}"], timeout=10_000)
+                                       arg=[f"query #{q} {shown[q]}", f"key #{k} {shown[k]}"], timeout=10_000)
                 label = p.js("document.querySelector('#view-raw .hoverlayer').textContent")
                 assert want in label and ("masked" in label) == (want == "masked"), label
     assert p.errors == []
@@ -869,6 +924,8 @@ def test_a_causal_heads_level_of_detail_averages_only_allowed_entries(browser, c
     for view, (ro, co) in views.items():
         r, c = (np.array(p.js(f"document.getElementById('{view}').data[0].{k}")) for k in "yx")
         assert len(r) - 1 <= 8 < n
+        # rows and columns of several tokens: the axes give positions, not tokens
+        assert p.js(f"document.getElementById('{view}').layout.yaxis.ticktext") is None
         ix = np.ix_(ro, co)
         want = block_mean(x[ix], r, c, a[ix])
         z = p.z(view)

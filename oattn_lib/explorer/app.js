@@ -159,9 +159,28 @@ async function views(pos, u) {
 }
 
 // -- plots -----------------------------------------------------------------------------------
-// token text goes into plotly's hover labels, which read a few HTML tags: "<s>" must stay text
+// token text (decoded where the page was built: a space shows as ␣, a newline as ↵) goes into
+// plotly's hover and tick labels, which read a few HTML tags: "<s>" must stay text
 const escapeHtml = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-D.samples.forEach((S) => { S.tokens = S.tokens.map(escapeHtml); S.key_tokens = S.key_tokens.map(escapeHtml); });
+D.samples.forEach((S) => {
+  S.text = S.tokens; S.key_text = S.key_tokens;
+  S.tokens = S.tokens.map(escapeHtml); S.key_tokens = S.key_tokens.map(escapeHtml);
+});
+// a short sample's axes are labelled with its tokens, as bertviz labels a head: where each row
+// (column) of the view is one token and there are at most TOKEN_TICKS, few enough for every label
+// to be read across a panel (the plot grows to TICK_PX per row); positions otherwise. Long tokens
+// are cut to TICK_CHARS characters.
+const TOKEN_TICKS = 24, TICK_CHARS = 8, TICK_PX = 11;
+function tokenAxis(text, order, e) {
+  const n = e.length - 1;
+  if (n > TOKEN_TICKS || e.some((x, i) => i > 0 && x - e[i - 1] !== 1)) return null;
+  const cut = (t) => {
+    const c = Array.from(t);
+    return c.length > TICK_CHARS ? c.slice(0, TICK_CHARS - 1).join("") + "…" : t;
+  };
+  return {tickmode: "array", tickvals: range(n).map((i) => e[i] + 0.5),
+          ticktext: range(n).map((i) => escapeHtml(cut(text[order[e[i]]]))), tickfont: {size: 9}, automargin: true};
+}
 function folderLabel(tokens, order, a, b) {
   if (b - a === 1) return "#" + order[a] + " " + tokens[order[a]];
   const first = order.slice(a, Math.min(b, a + 3)).map((i) => tokens[i]).join(" ");
@@ -214,32 +233,48 @@ function heatmap(name, view, zr, pos, w) {
   Object.assign(heat, name === "resid" ? {colorscale: RESID_SCALE, zmid: 0,
     zmin: -Math.max(1e-12, -zr[0], zr[1]), zmax: Math.max(1e-12, -zr[0], zr[1])} :
     {colorscale: "Viridis", zmin: zr[0], zmax: zr[1]});
-  return [heat, res];
+  return [heat, res, r, c];
+}
+// the note in a view's panel where the view has nothing to show (`lines`; null: none). An HTML
+// paragraph over the empty plot, so that a long list of heads wraps inside the panel
+function absentNote(name, lines) {
+  const panel = $("view-" + name).parentElement;
+  let note = panel.querySelector(".absent");
+  if (!note && !lines) return;
+  if (!note) {
+    note = document.createElement("p"); note.className = "absent"; note.id = "absent-" + name;
+    note.appendChild(document.createElement("span")); panel.appendChild(note);
+  }
+  note.hidden = !lines;
+  if (lines) note.firstChild.textContent = lines.join("\n");
 }
 function drawView(name, view, zr, pos) {
   const div = $("view-" + name);
   div._oattn = view ? {view: view, zr: zr, pos: pos, w: null} : null;
+  absentNote(name, view ? null : ["2-D organization not computed for " + unitName(state.unit) + ".",
+    // a head's name kept on one line (a no-break space)
+    "Computed for " + M.units_2d.length + " heads: " + M.units_2d.map((v) => unitName(v).replace(" ", "\u00a0"))
+      .join(", ")]);
   if (!view) {
-    const why = "2-D organization not computed for " + unitName(state.unit) + ".<br>Computed for " +
-      M.units_2d.length + " heads: " + M.units_2d.map(unitName).join(", ");
     return Plotly.react(div, [], {title: {text: TITLES[name], font: {size: 13}}, xaxis: {visible: false},
-      yaxis: {visible: false}, annotations: [{text: why, showarrow: false, xref: "paper", yref: "paper",
-      x: 0.5, y: 0.5}], margin: {l: 10, r: 10, t: 40, b: 10}, height: 340}, PCONF);
+      yaxis: {visible: false}, margin: {l: 10, r: 10, t: 40, b: 10}, height: 340}, PCONF);
   }
   return redraw(name, null);
 }
 function redraw(name, w) {
   const div = $("view-" + name), st = div._oattn, view = st.view;
   st.w = w;
-  const [heat, res] = heatmap(name, view, st.zr, st.pos, w);
+  const [heat, res, r, c] = heatmap(name, view, st.zr, st.pos, w), S = D.samples[st.pos];
+  const xt = tokenAxis(S.key_text, view.ct.order, c), yt = tokenAxis(S.text, view.rt.order, r);
   const nr = view.r[view.r.length - 1], nc = view.c[view.c.length - 1];
   const xr = w ? [w.c0, w.c1] : [0, nc], yr = w ? [w.r1, w.r0] : [nr, 0];
   const layout = {title: {text: TITLES[name] + ", " + unitName(state.unit) + "<br><sub>" + res +
       (view.masked ? "; grey: masked by the model" : "") + "</sub>", font: {size: 13}},
     plot_bgcolor: MASKED_BG,
-    margin: {l: 40, r: 10, t: 50, b: 30}, height: 340, uirevision: st.pos + ":" + state.unit + ":" + (w ? 1 : 0),
-    xaxis: {title: {text: "key", standoff: 2}, range: xr, constrain: "domain"},
-    yaxis: {title: {text: "query", standoff: 2}, range: yr}};
+    margin: {l: 40, r: 10, t: 50, b: 30}, height: yt ? Math.max(340, 140 + TICK_PX * (r.length - 1)) : 340,
+    uirevision: st.pos + ":" + state.unit + ":" + (w ? 1 : 0),
+    xaxis: {title: {text: "key", standoff: 2}, range: xr, constrain: "domain", ...xt},
+    yaxis: {title: {text: "query", standoff: 2}, range: yr, ...yt}};
   st.busy = true;
   return Plotly.react(div, name === "raw" ? [heat] : [heat, lines(view, state.level)], layout, PCONF)
     .finally(() => { st.busy = false; });

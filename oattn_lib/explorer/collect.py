@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +23,8 @@ from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
 
-__all__ = ["Sample", "read_sample", "token_labels", "unit_grid", "kv_groups", "layer_masks"]
+__all__ = ["Sample", "read_sample", "token_labels", "shown_tokens", "SPACE_MARK", "unit_grid", "kv_groups",
+           "layer_masks"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,13 +75,100 @@ def _by_unit(values: np.ndarray, units: np.ndarray, n_units: int, what: str) -> 
     return out
 
 
+SPACE_MARK = "␣"
+"""How the page shows a space before or after a token's text (the open box, U+2423)."""
+# newline, tab and carriage return by their usual signs; other control characters by their
+# Unicode control pictures (U+2400 + code, DEL U+2421)
+_CONTROL_MARKS = {"\n": "↵", "\t": "⇥", "\r": "␍", "\x7f": "␡"}
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """The byte each character of a byte-level BPE piece stands for (GPT-2's bytes_to_unicode:
+    printable bytes are their own character, the others U+0100 onwards in byte order, so that a
+    space is `Ġ` and a newline `Ċ`)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(shifted)}}
+
+
+_BYTE_LEVEL = _byte_level_chars()
+_SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_WORDPIECE_SPECIAL = re.compile(r"\[[A-Z]+\]")
+
+
+def _visible(text: str) -> str:
+    """`text` with its leading and trailing spaces shown as `SPACE_MARK` and its control characters
+    (newline, tab, ...) as visible signs."""
+    core = text.strip(" ")
+    lead = len(text) - len(text.lstrip(" "))
+    trail = len(text) - lead - len(core)
+    core = "".join(_CONTROL_MARKS.get(c) or (chr(0x2400 + ord(c)) if ord(c) < 0x20 else c) for c in core)
+    return SPACE_MARK * lead + core + SPACE_MARK * trail
+
+
+def _punctuation(piece: str) -> bool:
+    """Whether a WordPiece piece is punctuation, which BERT's tokenizer splits off whether or not a
+    space preceded it (its own test: ASCII symbols, or a Unicode punctuation category)."""
+    return all(33 <= ord(c) <= 47 or 58 <= ord(c) <= 64 or 91 <= ord(c) <= 96 or 123 <= ord(c) <= 126
+               or unicodedata.category(c).startswith("P") for c in piece)
+
+
+def _bytes_text(data: bytes) -> str:
+    # a piece may hold part of a character's UTF-8 bytes: those show as \xNN
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def shown_tokens(pieces) -> list[str]:
+    """The text of each of a sample's tokens as the explorer shows it, from the token strings a store
+    holds (the tokenizer's pieces), the tokenizer's convention told from the pieces themselves:
+
+    - byte-level BPE (GPT-2, SmolLM2; some piece holds `Ġ` a space, `Ċ` a newline or `ĉ` a
+      tab): each character stands for one byte, the bytes decoded as UTF-8;
+    - SentencePiece (T5, Llama; some piece holds `▁`): `▁` is a space, `<0xNN>` the byte NN;
+    - WordPiece (BERT, MiniLM; some piece starts with `##`, or is `[CLS]` or `[SEP]`): `##` marks a
+      piece that continues a word; any other piece starts a new word, after a space, but the
+      first, the bracketed special tokens and punctuation (split off with or without a space:
+      the pieces do not say);
+    - anything else (the words of a word-level vocabulary, text given as it is): unchanged.
+
+    A space before or after the text shows as `SPACE_MARK` (`Ġnamed` and `▁named` are
+    `␣named`, `##ed` is `ed`), a newline as `↵`, a tab as `⇥`, other control characters as their
+    Unicode control pictures.
+
+    Parameters
+    ----------
+    pieces : sequence of str
+        The tokens of one sample, in order.
+
+    Returns
+    -------
+    list of str
+        The shown text of each piece, in order.
+    """
+    pieces = [str(t) for t in pieces]
+    if any("▁" in t for t in pieces):
+        texts = [_SENTENCEPIECE_BYTE.sub(lambda m: _bytes_text(bytes([int(m.group(1), 16)])), t).replace("▁", " ")
+                 for t in pieces]
+    elif any(c in t for t in pieces for c in "ĠĊĉ"):
+        texts = [_bytes_text(b"".join(bytes([_BYTE_LEVEL[c]]) if c in _BYTE_LEVEL else c.encode() for c in t))
+                 for t in pieces]
+    elif any((t.startswith("##") and len(t) > 2) or t in ("[CLS]", "[SEP]") for t in pieces):
+        texts = [t[2:] if t.startswith("##") and len(t) > 2 else
+                 t if i == 0 or _WORDPIECE_SPECIAL.fullmatch(t) or _punctuation(t) else " " + t
+                 for i, t in enumerate(pieces)]
+    else:
+        texts = pieces
+    return [_visible(t) for t in texts]
+
+
 def token_labels(ds: xr.Dataset, n: int) -> list[str]:
-    """Hover labels of a sample's tokens: their text where the store has it, image patch positions
-    (row, column) for a ViT, token ids otherwise."""
+    """Hover and axis labels of a sample's tokens: their text where the store has it
+    (`shown_tokens`), image patch positions (row, column) for a ViT, token ids otherwise."""
     if "token_text" in ds.attrs:
         text = json.loads(ds.attrs["token_text"])
         if len(text) >= n:
-            return [str(t) for t in text[:n]]
+            return shown_tokens(text)[:n]
     tok = ds["token"].values[:n] if "token" in ds.coords else np.arange(n)
     kind = KINDS.get(ds.attrs.get("kind"))
     if kind is not None and kind.image_patches:
@@ -158,7 +248,7 @@ def read_sample(index: int, attention_store, organized_store, decomposed_store, 
     # (`key_token_text`), or by position where the store has none and they are not the queries
     key_text = json.loads(ds.attrs["key_token_text"]) if "key_token_text" in ds.attrs else []
     if len(key_text) >= start + xv.shape[2]:
-        keys = [str(t) for t in key_text[start:start + xv.shape[2]]]
+        keys = shown_tokens(key_text)[start:start + xv.shape[2]]
     elif ds.sizes["key"] == ds.sizes["query"] and not key_text:
         keys = labels[start:start + xv.shape[2]]
     else:

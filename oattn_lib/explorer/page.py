@@ -15,14 +15,16 @@ __all__ = ["render_page", "render_index", "resolution_note", "read_meta", "unit_
 # code fingerprint (oattn_lib.fingerprint), which hashes them with this module: editing app.js
 # reruns the explorer's pages as editing this file does.
 #
-# app.js is the glue between the embedded data and plotly.js: it draws nothing itself, every plot
-# is a plotly trace. Its state: the sample, the selected head (unit u = position of its layer *
+# app.js is the glue between the embedded data and plotly.js: it draws no plot itself, every plot
+# is a plotly trace (a view with nothing to show gets an HTML note that wraps in its panel). Its state: the sample, the selected head (unit u = position of its layer *
 # n_head + position of its head among the stored ones), the grid's metric, the diffusion map's
 # colouring and the tree level whose folder boundaries are drawn. Every label shows the model's
 # own indices (`meta.layers`, `meta.heads`: a store may hold a subset of the model's layers and
 # heads). Entries the model masks (its layer's mask, `mask_rules` in encode) are null in every
 # view's z, so plotly leaves them to the grey plot background, and their hover text says
-# "masked". Every change goes through `schedule`, which serialises renders;
+# "masked". Tokens show as `collect.shown_tokens` decodes them (a leading space as ␣), in the
+# hover and, for a short sample, as the views' tick labels. Every change goes through
+# `schedule`, which serialises renders;
 # `window.oattn.idle()` resolves once the page shows the newest state (the browser tests wait on
 # it).
 __assets__ = ("page.css", "app.js")

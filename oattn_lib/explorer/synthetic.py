@@ -32,7 +32,7 @@ def _indices(values, n: int, what: str) -> np.ndarray:
 
 
 def synthetic_model(root, name: str, kind: str, n: int, n_layer: int, n_head: int, n_samples: int,
-                    kv_group=None, seed: int = 0, allowed=None, layers=None, heads=None) -> dict:
+                    kv_group=None, seed: int = 0, allowed=None, layers=None, heads=None, tokens=None) -> dict:
     """Write root/name/{attention,organized,decomposed}/sample<i>.zarr, entropy.zarr and
     tables/table{1,2}.csv; return what the explorer stage needs to read them (`name`, `kind`,
     `quantity`, `base`, `n_samples`). `kv_group`: (n_head,) KV group of each head, stored as the
@@ -41,7 +41,8 @@ def synthetic_model(root, name: str, kind: str, n: int, n_layer: int, n_head: in
     `np.tril(np.ones((n, n), bool))`, a causal decoder): stored as the `allowed` variable, with
     the probabilities the masked softmax of the (pre-mask) scores, as extract stores them.
     `layers` / `heads`: the model's indices of the n_layer layers and n_head heads stored (a
-    subset store, extract.layers / extract.heads); default 0, 1, ... The organized stores
+    subset store, extract.layers / extract.heads); default 0, 1, ... `tokens`: the n token strings
+    stored as `token_text`, as a tokenizer gives them (default w0, w1, ...). The organized stores
     analyse the quantity a model of `kind` usually is (`models.kinds.ModelKind.typical_quantity`)."""
     quantity = adapter_for(kind).typical_quantity
     rng = np.random.default_rng(seed)
@@ -50,6 +51,9 @@ def synthetic_model(root, name: str, kind: str, n: int, n_layer: int, n_head: in
     lay_ids, head_ids = _indices(layers, n_layer, "layers"), _indices(heads, n_head, "heads")
     layer, head = lay_ids[np.arange(units) // n_head], head_ids[np.arange(units) % n_head]
     extra = {} if kv_group is None else {"kv_group": ("head", np.asarray(kv_group, dtype=np.int64))}
+    tokens = [f"w{i}" for i in range(n)] if tokens is None else [str(t) for t in tokens]
+    if len(tokens) != n:
+        raise ValueError(f"tokens: {len(tokens)} given for {n} tokens")
     ok = np.ones((n_layer, n, n), dtype=bool) if allowed is None else \
         np.broadcast_to(np.asarray(allowed, dtype=bool), (n_layer, n, n))
     for s in range(n_samples):
@@ -68,7 +72,7 @@ def synthetic_model(root, name: str, kind: str, n: int, n_layer: int, n_head: in
                                        "token": ("query", np.arange(n)), **extra},
                                attrs={"model": name, "kind": kind, "sample": s,
                                       "model_layers": int(lay_ids[-1]) + 1, "model_heads": int(head_ids[-1]) + 1,
-                                      "token_text": json.dumps([f"w{i}" for i in range(n)])}),
+                                      "token_text": json.dumps(tokens)}),
                     base / f"attention/sample{s}.zarr")
         trees = {ax: balanced_tree(rng.permutation(m)).labels for ax, m in (("q", n), ("k", n), ("h", units))}
         unit_coords = {"unit_layer": ("unit", layer), "unit_head": ("unit", head)}
