@@ -16,13 +16,17 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: run test test-slow test-all report clean-results
+.PHONY: setup run test test-slow test-all report clean-results
 
 $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml envs/install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python envs/install.py $(VENV)
 	$(BIN)/python -m compileall -qq -j 0 -x '$(NOT_COMPILED)' $(VENV)/lib oattn_lib scripts || true
 	touch $@
+
+# the environment alone, for using the clone as a module from another directory
+# (docs/how-to/own-directory.md)
+setup: $(VENV)/.installed
 
 run: $(VENV)/.installed
 	$(BIN)/snakemake --profile workflow/profiles/default --cores $(CORES)

@@ -459,6 +459,8 @@ def snakemake_internals_problems() -> list[str]:
       `DAGSettings`;
     - `Workflow.get_rule(name)`, `Rule.output` (a property) and `_IOFile.apply_wildcards(wildcards)`:
       the path of a job's first output;
+    - `Workflow.modifier` (a property) and `WorkflowModifier.modify_rulename(name)`: the name a rule
+      is registered under, which a module's `use rule * from oattn as oattn_*` prefixes;
     - `Workflow.persistence` (a property) and `Persistence.params(path)`: the params recorded with an
       output, a list holding each param's value as its `repr` (`Persistence._serialize_param`).
       The class is `snakemake.persistence.Persistence` up to Snakemake 9.16 and the base of its
@@ -468,6 +470,7 @@ def snakemake_internals_problems() -> list[str]:
         import snakemake.api  # noqa: F401  first: importing snakemake.workflow first is circular
         import snakemake.persistence
         from snakemake.io import _IOFile
+        from snakemake.modules import WorkflowModifier
         from snakemake.rules import Rule
         from snakemake.settings.types import DAGSettings, RerunTrigger
         from snakemake.workflow import Workflow
@@ -496,6 +499,10 @@ def snakemake_internals_problems() -> list[str]:
         problems.append(f"Workflow.dag_settings defaults to {fields['dag_settings'].default!r}, not None")
     if _signature(getattr(Workflow, "get_rule", None)) != ["self", "name"]:
         problems.append("Workflow.get_rule(name) is missing or takes other arguments")
+    if not isinstance(inspect.getattr_static(Workflow, "modifier", None), property):
+        problems.append("Workflow.modifier is not a property")
+    if _signature(getattr(WorkflowModifier, "modify_rulename", None)) != ["self", "rulename"]:
+        problems.append("WorkflowModifier.modify_rulename(rulename) is missing or takes other arguments")
     if not isinstance(inspect.getattr_static(Workflow, "persistence", None), property):
         problems.append("Workflow.persistence is not a property")
     if not isinstance(inspect.getattr_static(Rule, "output", None), property):
@@ -570,6 +577,10 @@ def code_version(workflow, rule_name: str, name: str, *, script: str | os.PathLi
         except AttributeError:
             raise changed(f"{where}.{attr} is missing") from None
 
+    # the name the rule is registered under (a module's `use rule * from oattn as oattn_*` prefixes
+    # it), known while the module's rules are parsed, not when the DAG is built
+    registered = get(get(workflow, "modifier", "workflow"), "modify_rulename", "workflow.modifier")(rule_name)
+
     def version(wildcards) -> str:
         # the rerun triggers are known once the DAG is built, not while rules are parsed
         settings = get(workflow, "dag_settings", "workflow")
@@ -580,7 +591,7 @@ def code_version(workflow, rule_name: str, name: str, *, script: str | os.PathLi
             raise changed(f"workflow.dag_settings.rerun_triggers is {triggers!r}, not a set of RerunTrigger")
         if RerunTrigger.CODE in triggers:
             return value
-        output = get(get(workflow, "get_rule", "workflow")(rule_name), "output", f"workflow.get_rule({rule_name!r})")
+        output = get(get(workflow, "get_rule", "workflow")(registered), "output", f"workflow.get_rule({registered!r})")
         path = output[0].apply_wildcards(wildcards)
         persistence = get(workflow, "persistence", "workflow")
         if persistence is None:

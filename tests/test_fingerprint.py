@@ -214,6 +214,7 @@ def fake_workflow(triggers=None, records=None, **replace):
     wf = SimpleNamespace(
         dag_settings=None if triggers is None else SimpleNamespace(rerun_triggers=set(triggers)),
         get_rule=lambda name: SimpleNamespace(output=[FakeIOFile(f"results/{{model}}/{name}.txt")]),
+        modifier=SimpleNamespace(modify_rulename=lambda name: name),
         persistence=SimpleNamespace(params=records.get))
     for key, value in replace.items():
         if value is MISSING:
@@ -249,6 +250,18 @@ def test_code_version_is_the_current_fingerprint_unless_the_code_trigger_is_off(
     assert version(OFF, {OUT: [repr("organize_2:aaaa")]}) == value  # another stage's code param
     with pytest.raises(ValueError, match="exactly one of script and modules"):
         code_version(fake_workflow(), "organize", "organize", root=tmp_path)
+
+
+def test_code_version_reads_the_record_of_a_module_rule_under_its_prefixed_name(stage, tmp_path):
+    """Used as a module with `use rule * from oattn as oattn_*`, the rule organize is registered as
+    oattn_organize: the record read with the code trigger off is that rule's output's."""
+    prefixed = SimpleNamespace(modify_rulename=lambda name: f"oattn_{name}")
+    records = {"results/m/oattn_organize.txt": [repr("organize:0ld0ld0ld0ld0ld0")]}
+    version = code_version(fake_workflow(OFF, records, modifier=prefixed), "organize", "organize", script=stage,
+                           root=tmp_path)
+    assert version({"model": "m"}) == "organize:0ld0ld0ld0ld0ld0"
+    with pytest.raises(SnakemakeInternalsError, match=r"workflow\.modifier is missing"):
+        code_version(fake_workflow(OFF, modifier=MISSING), "organize", "organize", script=stage, root=tmp_path)
 
 
 @pytest.mark.parametrize("workflow, message", [

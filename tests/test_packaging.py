@@ -113,3 +113,57 @@ def test_wheel_installs_a_library_that_completes_a_config(tmp_path):
                                ("data", "text_data", ("corpus", "max_size"))):
         for key in keys:
             assert model[section][key] == defs[ref]["properties"][key]["default"], (section, key)
+
+
+def _declared_dependencies() -> dict[str, "object"]:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    return {r.name.lower().replace("_", "-"): r for r in reqs}
+
+
+def _imported_distributions() -> dict[str, set[str]]:
+    """The distributions whose modules oattn_lib and scripts/ import (the standard library and
+    oattn_lib left out): {distribution: the files importing it}. Import statements are read by
+    their lines (a regular expression: parsing every module takes most of a second)."""
+    import re
+
+    # import names that are not their distribution's (importlib.metadata.packages_distributions
+    # would find them, reading every installed distribution's file list)
+    owners = {"sklearn": ["scikit-learn"], "yaml": ["PyYAML"]}
+    statement = re.compile(r"^[ \t]*(?:import[ \t]+([A-Za-z_]\w*)[\w.]*(?=[ \t]*(?:$|,|#|as\b))|from[ \t]+([A-Za-z_]\w*)[\w.]*[ \t]+import\b)",
+                           re.M)
+    found: dict[str, set[str]] = {}
+    for path in [*(REPO / "oattn_lib").rglob("*.py"), *(REPO / "scripts").glob("*.py")]:
+        for top in {a or b for a, b in statement.findall(path.read_text())}:
+            if top in sys.stdlib_module_names or top == "oattn_lib":
+                continue
+            for dist in owners.get(top, [top]):
+                found.setdefault(dist.lower().replace("_", "-"), set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_import_is_a_declared_dependency_and_every_pin_lies_in_its_range():
+    """`pip install` of the library brings what its code imports: every distribution imported by
+    oattn_lib or a job script is in pyproject's dependencies, and the versions tested together
+    (requirements.txt's pins, else the installed one) satisfy the declared ranges."""
+    import importlib.metadata
+    import re
+
+    declared = _declared_dependencies()
+    missing = {d: sorted(files)[:3] for d, files in _imported_distributions().items() if d not in declared}
+    assert not missing, f"imported but not in pyproject.toml's dependencies: {missing}"
+    pins = {}
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.split("#")[0].strip())
+        if m:
+            pins[m.group(1).lower().replace("_", "-")] = m.group(2)
+    outside = {}
+    for name, req in declared.items():
+        version = pins.get(name) or importlib.metadata.version(name)
+        if not req.specifier.contains(version, prereleases=True):
+            outside[name] = f"{version} not in {req.specifier}"
+    assert not outside, f"tested versions outside the declared ranges: {outside}"
