@@ -228,6 +228,9 @@ def validate_config(config: dict, schema_path: str, *, check_disk: bool = True) 
         if isinstance(m, dict):
             for key in ("data", "arch", "train"):
                 m.setdefault(key, {})
+    # entries whose `extract` the schema fills in: what their inputs decide is completed below
+    without_extract = [m for m in models if isinstance(m, dict) and "extract" not in m] \
+        if isinstance(models, list) else []
     try:
         defaults_validator(schema).validate(config)
     except jsonschema.ValidationError as err:
@@ -237,6 +240,8 @@ def validate_config(config: dict, schema_path: str, *, check_disk: bool = True) 
     _check_finite(config)
     _complete_model_prune(config, schema)
     _check_paths(config)
+    for m in without_extract:
+        m["extract"].update(adapter(m).extract_defaults(m) or {})
     _resolve_n_samples(config)
     problem = plan_problem(config)
     if problem:
@@ -711,10 +716,19 @@ def _check_coarse_coefficients(config: dict) -> None:
 def complete_model(model: dict, schema_path=SCHEMA, **sections) -> dict:
     """One entry of `models` as a stage receives it from the workflow: every default filled in
     from the schema, validated and canonical. For calling the stages from Python (notebooks,
-    tests) with only the keys that matter; `sections` are other top-level config sections
-    the checks read (for example `entropy={"head_top_k": 16}` for a small model).
+    tests) with only the keys that matter (an absent `extract` section is the schema's defaults,
+    or for a kind that defaults it from its inputs, theirs); `sections` are other top-level
+    config sections the checks read (for example `entropy={"head_top_k": 16}` for a small model).
     """
-    config = {"models": [{"extract": {}, **copy.deepcopy(model)}], **copy.deepcopy(sections)}
+    entry = copy.deepcopy(model)
+    if "extract" not in entry:
+        try:
+            required = adapter(entry).extract_defaults(entry) is None
+        except (KeyError, ValueError):  # no or an unknown kind: validation names it
+            required = True
+        if required:
+            entry["extract"] = {}
+    config = {"models": [entry], **copy.deepcopy(sections)}
     validate_config(config, str(schema_path))
     return config["models"][0]
 

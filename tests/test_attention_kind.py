@@ -1,6 +1,7 @@
 """Kind `attention` (oattn_lib.models.kinds.attention, oattn_lib.data.attention_files): attention
 computed elsewhere, read from .npy, .npz, .safetensors and zarr files, copied exactly into
 attention stores, checked at start-up, and analysed end to end by the real workflow."""
+import copy
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import zarr
 from wfutil import REPO, TINY, snakemake
 
 from oattn_lib import store
-from oattn_lib.config import ConfigError, complete_model
+from oattn_lib.config import SCHEMA, ConfigError, complete_model, validate_config
 from oattn_lib.data import attention_files as af
 from oattn_lib.models import adapter
 from oattn_lib.models.kinds.attention import attention_hash
@@ -216,6 +217,34 @@ def test_too_many_samples_are_refused_naming_the_count(tmp_path):
     np.savez(tmp_path / "one.npz", probs=attention(rng, 4, 4)[1])
     with pytest.raises(ConfigError, match=r"extract.n_samples: 2 samples requested .* hold 1"):
         model_entry(tmp_path / "one.npz", 2)
+
+
+def test_an_entry_without_extract_takes_every_sample_and_the_quantity_the_files_hold(tmp_path):
+    rng = np.random.default_rng(7)
+    scores, probs, _ = zip(*(attention(rng, 4, 4) for _ in range(3)))
+    np.savez(tmp_path / "both.npz", probs=np.stack(probs), scores=np.stack(scores))
+    np.savez(tmp_path / "probs.npz", probs=np.stack(probs[:2]))
+    np.save(tmp_path / "scores.npy", np.stack(scores[:2]))
+    sections = {"entropy": {"head_top_k": 4, "network_top_k": 4}}
+    schema_default = complete_model({"name": "t", "kind": "txl"})["extract"]
+    for file, n, quantity, extra in (("both.npz", 3, "scores", {}), ("probs.npz", 2, "probs", {}),
+                                     ("scores.npy", 2, "scores", {"quantity_in_file": "scores"})):
+        entry = {"name": "ext", "kind": "attention", "path": str(tmp_path / file), **extra}
+        ex = complete_model(entry, **sections)["extract"]
+        assert ex == {**schema_default, "n_samples": n, "quantity": quantity}, file
+        # the workflow's own validation completes the same section
+        config = {"models": [copy.deepcopy(entry)], **copy.deepcopy(sections)}
+        validate_config(config, str(SCHEMA))
+        assert config["models"][0]["extract"] == ex
+    # a section given wins, its absent keys the schema's defaults as for any kind
+    given = complete_model({"name": "ext", "kind": "attention", "path": str(tmp_path / "both.npz"),
+                            "extract": {"n_samples": 1}}, **sections)["extract"]
+    assert given == {**schema_default, "n_samples": 1, "quantity": "probs"}
+    # other kinds still need the section given; unreadable files name the path
+    with pytest.raises(ConfigError, match=r"models\[0\]: 'extract' is a required property"):
+        validate_config({"models": [{"name": "t", "kind": "txl"}]}, str(SCHEMA))
+    with pytest.raises(ConfigError, match=r"models\[0\]\.path: .*missing\.npz"):
+        complete_model({"name": "ext", "kind": "attention", "path": str(tmp_path / "missing.npz")}, **sections)
 
 
 # -- the README's recipe, through the real workflow ---------------------------------------------

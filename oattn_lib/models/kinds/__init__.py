@@ -22,7 +22,9 @@ The protocol, in the order a model goes through the workflow:
   it), `config_problem` (the kind's own checks of a model entry; the base checks the capability
   flags), `prune_problem` (why the ablation cannot run for an entry), `datasets` (the downloads
   its data reads), `n_candidates`, `ordered_samples` and `max_tokens` (the user's inputs: how
-  many, in their order, how long at most), `input_files` and `sample_files` (the user's files
+  many, in their order, how long at most), `extract_defaults` (the `extract` section an entry
+  without one gets, read from its files; None where the section must be given), `input_files`
+  and `sample_files` (the user's files
   prepare_data and each extract job read: rule inputs), `pretrained_weights` (a weights file its training starts from),
   `prune_params` (what the prune rule passes of its entry), `retrain_problem` (whether the
   softmax-free experiment can retrain it), `validation_metric` (the metric its training

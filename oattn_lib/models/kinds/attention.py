@@ -2,11 +2,12 @@
 files (`data.attention_files`) and analysed like any model's.
 
 There is no model: nothing is trained, loaded or masked (no prune stage). Sample i is the i-th
-sample of the files, in their order; `extract` copies it into an attention store
-(`stages.extract.AttentionWriter`), without `scores` where the files hold only
-probabilities. The files are checked when the config is (shapes, dtypes, masks, NaN, inf and
-negative probabilities), and they are inputs of the extract rule: editing one reruns extract
-and what follows.
+sample of the files, in their order; an entry without an `extract` section takes every sample
+and the quantity the files hold (`Attention.extract_defaults`). `extract` copies a sample into
+an attention store (`stages.extract.AttentionWriter`), without `scores` where the files hold
+only probabilities. The files are checked when the config is (shapes, dtypes, masks, NaN, inf
+and negative probabilities), and they are inputs of the extract rule: editing one reruns
+extract and what follows.
 """
 from __future__ import annotations
 
@@ -64,6 +65,15 @@ class Attention(ModelKind):
 
     def ordered_samples(self, model: dict) -> bool:
         return True
+
+    def extract_defaults(self, model: dict) -> dict | None:
+        # the quantity the files hold: scores where they hold scores (probabilities follow from
+        # them), else probs; every sample is the schema's default
+        try:
+            quantities = attention_source(model).quantities
+        except ValueError:
+            return {}
+        return {"quantity": "scores" if "scores" in quantities else "probs"}
 
     def sample_files(self, model: dict, samples) -> list[str]:
         """The files holding `samples` (each sample i is the source's sample i); a zarr store's

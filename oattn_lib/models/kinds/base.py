@@ -131,6 +131,13 @@ class ModelKind(ABC):
         None where `n_candidates` knows them before the run, or nothing is counted."""
         return None
 
+    def extract_defaults(self, model: dict) -> dict | None:
+        """The `extract` values that the inputs of an entry without an `extract` section decide
+        (read from headers, never the arrays), which the schema cannot default; the schema fills in
+        the rest. None where the kind needs the section given (the schema requires it); {} where the
+        inputs cannot be read (`config_problem` then names the key at fault)."""
+        return None
+
     def ordered_samples(self, model: dict) -> bool:
         """Whether sample i is candidate i (the first n_samples of the user's own inputs, in their
         order) rather than a seeded draw without replacement from the candidates."""
