@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a new user pays: the README's two commands on a fresh clone, nothing cached.
+# What a new user pays: the README's two commands (make run, make test) on a fresh clone, nothing cached.
 #
 # Clones the current commit of this repository into a temporary folder (one clone per
 # command), with empty caches: pip (PIP_NO_CACHE_DIR), and through XDG_CACHE_HOME numba's
@@ -8,8 +8,8 @@
 #   make .venv/.installed   the set-up both commands begin with
 #   make run                the workflow on the embedded default, with the report
 #   make test               the test suite (in a second clone, its own set-up timed too)
-# and prints one line per step and a summary for the README, and appends a row per command to
-# bench/fresh_clone.csv (the history; the README states the latest). Run it on an idle machine.
+# and prints one line per step and a summary, and appends a row per command to
+# bench/fresh_clone.csv (the history; the docs' measurements page shows it). Run it on an idle machine.
 #
 #   bench/fresh_clone.sh            # both commands (about 25 minutes on 2 cores)
 #   bench/fresh_clone.sh run        # or: test

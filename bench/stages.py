@@ -3,8 +3,8 @@
 Reads the benchmark files Snakemake wrote for every job (`<results>/benchmarks/**.tsv`, the
 rules' `benchmark:` directive: wall seconds `s`, `cpu_time`, peak resident set `max_rss` in
 MB) and prints, per model and rule, the number of jobs, their total and largest wall time,
-total CPU time and the largest peak RSS, as a Markdown table (the README's per-stage table of
-the LLM preset is this output) and, with --json, one JSON object per row. Beside them, each
+total CPU time and the largest peak RSS, as a Markdown table (the per-stage table of a run, as
+the docs' measurements page shows the LLM preset's) and, with --json, one JSON object per row. Beside them, each
 job's start-up (interpreter, Snakemake's preamble and imports, until the stage begins), read
 from the first line of its log (`<results>/logs/<model>/<rule>[_sample<k>].log`, written by
 `runtime.setup_logging`): the stages' total and their largest.

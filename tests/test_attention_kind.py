@@ -247,11 +247,15 @@ def test_an_entry_without_extract_takes_every_sample_and_the_quantity_the_files_
         complete_model({"name": "ext", "kind": "attention", "path": str(tmp_path / "missing.npz")}, **sections)
 
 
-# -- the README's recipe, through the real workflow ---------------------------------------------
+# -- the docs' recipe, through the real workflow -----------------------------------------------
+RECIPE_PAGE = REPO / "docs" / "how-to" / "attention.md"
+
+
 def readme_numpy_recipe() -> str:
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Attention computed elsewhere", 1)[1].split("\n### ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    """The numpy recipe of the page on attention computed elsewhere, as a reader copies it."""
+    from doc_pages import code_blocks
+
+    blocks = [body for _, _, body in code_blocks(RECIPE_PAGE.read_text(encoding="utf-8"), "python")]
     return next(b for b in blocks if "np.savez" in b)
 
 
@@ -266,7 +270,7 @@ def job_stats(dry_run: str) -> str:
 
 
 def two_models_config(work) -> dict:
-    """The tiny config with `attention_run`'s two models: `ext` (the README's files under
+    """The tiny config with `attention_run`'s two models: `ext` (the docs' files under
     work/attention) and `probs` (work/probs)."""
     cfg = workflow_config(work / "attention", 4)
     cfg["models"] += workflow_config(work / "probs", 2, name="probs")["models"]
@@ -275,7 +279,7 @@ def two_models_config(work) -> dict:
 
 @pytest.fixture(scope="module")
 def attention_run(tmp_path_factory):
-    """One run of the tiny workflow on two models of kind attention: `ext`, the README's numpy
+    """One run of the tiny workflow on two models of kind attention: `ext`, the docs' numpy
     recipe run as written plus one rectangular sample (scores given), and `probs`, probabilities
     alone in .npy files of two lengths. Each model's samples are small enough to run every stage
     as one job for all of them (the tiny config's jobs.batch_max_entries)."""
@@ -284,7 +288,7 @@ def attention_run(tmp_path_factory):
     cwd = os.getcwd()
     os.chdir(work)
     try:
-        exec(compile(readme_numpy_recipe(), "README.md", "exec"), {})
+        exec(compile(readme_numpy_recipe(), str(RECIPE_PAGE), "exec"), {})
     finally:
         os.chdir(cwd)
     rng = np.random.default_rng(7)

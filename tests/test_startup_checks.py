@@ -227,7 +227,7 @@ main()
 
 @pytest.mark.workflow
 def test_a_dry_run_plans_past_a_full_disk_and_a_real_run_stops_before_any_job(tmp_path):
-    """A dry run writes nothing: it warns with the disk line and plans every job (the README's
+    """A dry run writes nothing: it warns with the disk line and plans every job (the docs'
     preset commands are planned on machines that could not hold their stores). A real run stops
     with that line before its first job, and leaves no output."""
     import subprocess
