@@ -122,13 +122,14 @@ def extract(model, prompts, *, max_length: int | None = None, chat: bool = False
 
     Returns
     -------
-    list of xarray.Dataset, one per prompt, in order, each laid out as an attention store
-    (docs/method.md §12.1): `scores`, `probs` float32 (layer, head, query, key); `allowed`
-    bool (layer, query, key), True where the model may attend (its causal mask); coordinates
-    `layer`, `head` (the model's indices), `kv_group` (head), `query`, `key` (positions),
-    `token` (query: token ids) and `token_text` (query: token strings). Attributes: `model`,
-    `kind`, `prompt`, `text` (what was tokenized), `sample` (the prompt's index),
-    `model_layers`, `model_heads`, `model_kv_heads`.
+    list of xarray.Dataset
+        One per prompt, in order, each laid out as an attention store (docs/method.md §12.1):
+        `scores`, `probs` float32 (layer, head, query, key); `allowed` bool (layer, query, key),
+        True where the model may attend (its causal mask); coordinates `layer`, `head` (the
+        model's indices), `kv_group` (head), `query`, `key` (positions), `token` (query: token
+        ids) and `token_text` (query: token strings). Attributes: `model`, `kind`, `prompt`,
+        `text` (what was tokenized), `sample` (the prompt's index), `model_layers`,
+        `model_heads`, `model_kv_heads`.
     """
     import torch
 
@@ -320,11 +321,12 @@ def organize(attention, quantity: str | None = None, *, n_iters: int | None = No
 
     Returns
     -------
-    xarray.Dataset, as the organize stage stores it (docs/method.md §12.1): `tree_q`
-    (level_q, query), `tree_k` (level_k, key), `tree_h` (level_h, unit) int64 labels of the
-    partition trees (docs/method.md §2.1); `affinity_q` (query, query_), `affinity_k`
-    (key, key_), `affinity_h` (unit, unit_) float32; coordinates `query`, `key`, `unit_layer`,
-    `unit_head` (unit); attributes `quantity` and `config` (the parameters, JSON).
+    xarray.Dataset
+        As the organize stage stores it (docs/method.md §12.1): `tree_q` (level_q, query),
+        `tree_k` (level_k, key), `tree_h` (level_h, unit) int64 labels of the partition trees
+        (docs/method.md §2.1); `affinity_q` (query, query_), `affinity_k` (key, key_),
+        `affinity_h` (unit, unit_) float32; coordinates `query`, `key`, `unit_layer`,
+        `unit_head` (unit); attributes `quantity` and `config` (the parameters, JSON).
     """
     from .stages.organize import organized_dataset
 
@@ -363,9 +365,10 @@ def entropies(attention, organization: xr.Dataset, *, quantity: str | None = Non
 
     Returns
     -------
-    xarray.Dataset: `head_entropy`, `head_sparsity` float64 (layer, head), labelled by the
-    model's indices of the stored heads (NaN where a (layer, head) pair is not stored);
-    `network_entropy`, `network_sparsity` float64 scalars.
+    xarray.Dataset
+        `head_entropy`, `head_sparsity` float64 (layer, head), labelled by the model's indices
+        of the stored heads (NaN where a (layer, head) pair is not stored); `network_entropy`,
+        `network_sparsity` float64 scalars.
     """
     from .entropy import head_entropy, head_sparsity, network_entropy, network_sparsity
 
@@ -421,11 +424,12 @@ def paraproduct_residual(attention: xr.Dataset, layer: int, head: int, *, organi
 
     Returns
     -------
-    xarray.Dataset: `exact` (the softmax), `approximation` and `residual` = exact -
-    approximation, float64 (query, key) in the organized order (the `query` and `key`
-    coordinates are the positions, permuted); `relative_residual` = ||residual||_F /
-    ||exact||_F for the organized head, `relative_residual_original` for the head in its own
-    order (docs/method.md §7.3).
+    xarray.Dataset
+        `exact` (the softmax), `approximation` and `residual` = exact - approximation, float64
+        (query, key) in the organized order (the `query` and `key` coordinates are the
+        positions, permuted); `relative_residual` = ||residual||_F / ||exact||_F for the
+        organized head, `relative_residual_original` for the head in its own order
+        (docs/method.md §7.3).
     """
     from .paraproduct import paraproduct
     from .questionnaire import questionnaire2d
@@ -510,7 +514,8 @@ def explorer_page(attention, organization, path, *, model: str | None = None, fi
 
     Returns
     -------
-    pathlib.Path of the page.
+    pathlib.Path
+        The page.
     """
     from .stages.decompose import decompose_samples
     from .stages.entropy import entropy
@@ -604,15 +609,16 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
 
     Returns
     -------
-    xarray.Dataset over (sample, replicate[, unit][, fig_head][, component]), as the stability
-    store holds it without the bootstrap: replicate 0 is the reference (`perturbation` "none");
-    per replicate `head_entropy`, `head_sparsity` (unit), `network_entropy`, `network_sparsity`,
-    `sparsity_ratio`, `ari_layer`, `ari_kv_group`, `same_tree_q/k/h`, the heads'
-    `diffusion_coords` (unit, component), and where the paraproduct was run, per figure head,
-    the measures of `oattn_lib.stability.FIG_MEASURES`: the theorem1 table's Theorem 1 measures
-    (`paraproduct_residual`, the baselines' and Corollary 1's residuals, `alpha_scores`,
-    `alpha_softmax`, `alpha_residual`; docs/method.md §7.7).
-    `oattn_lib.stability.stability_summary(ds)` tables how far each measure moved.
+    xarray.Dataset
+        Over `(sample, replicate[, unit][, fig_head][, component])`, as the stability store holds
+        it without the bootstrap: replicate 0 is the reference (`perturbation` "none"); per
+        replicate `head_entropy`, `head_sparsity` (unit), `network_entropy`, `network_sparsity`,
+        `sparsity_ratio`, `ari_layer`, `ari_kv_group`, `same_tree_q/k/h`, the heads'
+        `diffusion_coords` (unit, component), and where the paraproduct was run, per figure
+        head, the measures of `oattn_lib.stability.FIG_MEASURES`: the theorem1 table's Theorem 1
+        measures (`paraproduct_residual`, the baselines' and Corollary 1's residuals,
+        `alpha_scores`, `alpha_softmax`, `alpha_residual`; docs/method.md §7.7).
+        `oattn_lib.stability.stability_summary(ds)` tables how far each measure moved.
     """
     import json
 

@@ -68,7 +68,7 @@ __all__ = ["APPROXIMATIONS", "Approximations", "Paraproduct", "ROW_SUM_FLOOR", "
 class Paraproduct:
     """The paraproduct decomposition of softmax(organized head) (docs/method.md §7).
 
-    organized: f[row_order][:, col_order]; exact: its row softmax; approximation: the
+    organized: ``f[row_order][:, col_order]``; exact: its row softmax; approximation: the
     paraproduct approximation of the softmax; residual = exact - approximation;
     relative_residual = ||residual||_F / ||exact||_F; row_order, col_order: the
     permutations used; n_scales: (J_r, J_c), the number of dyadic refinements used
@@ -449,7 +449,7 @@ class Approximations:
     names : tuple of str
         `APPROXIMATIONS`, the order of the leading axis K of the stacked arrays.
     organized : ndarray or Tensor of shape (N, M)
-        f[row_order][:, col_order].
+        ``f[row_order][:, col_order]``.
     allowed : ndarray or Tensor of bool, shape (N, M), or None
         The mask in the organized order (None: no mask).
     exact : ndarray or Tensor of shape (N, M)

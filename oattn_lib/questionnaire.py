@@ -189,7 +189,7 @@ def questionnaire2d(M, n_iters: int = 10, alpha: float = 1.0, beta: float = 0.0,
     The row tree starts from cosine affinities of the rows; each iteration rebuilds the
     column tree from the tree-EMD over the row tree, then the row tree from the EMD over
     the column tree. Returns (row tree, column tree); the organized head is
-    M[row_tree.order][:, col_tree.order].
+    ``M[row_tree.order][:, col_tree.order]``.
 
     M : float array or tensor of shape (n_rows, n_cols).
     """

@@ -206,7 +206,7 @@ class Organization:
     @property
     def orders(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Organized leaf orders of query, key and head, int64 (n_query,), (n_key,), (n_head,):
-        X[oq][:, ok][:, :, oh]."""
+        ``X[oq][:, ok][:, :, oh]``."""
         return self.tree_q.order, self.tree_k.order, self.tree_h.order
 
     def organize(self, X):
