@@ -16,7 +16,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: setup run test test-slow test-all report clean-results
+.PHONY: setup run test test-slow test-all docs report clean-results
 
 $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml envs/install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -38,11 +38,23 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -n $(CORES) -m "not slow"
 
-test-slow: $(VENV)/.installed
+# the slow tier executes the notebook (tests/test_site.py): it needs the site's tools too
+test-slow: $(VENV)/.installed $(VENV)/.docs-installed
 	$(BIN)/python -m pytest -q -n $(CORES) -m slow
 
-test-all: $(VENV)/.installed
+test-all: $(VENV)/.installed $(VENV)/.docs-installed
 	$(BIN)/python -m pytest -q -n $(CORES)
+
+# The documentation site (mkdocs.yml) into site/, strictly: a broken link or anchor, a docstring
+# the API reference cannot read or a notebook cell that fails stops the build. Its tools
+# (requirements-docs.txt) are installed into the same environment on first use, not by the
+# set-up of `make run` and `make test`, which never build the site.
+$(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
+	$(BIN)/python -m pip install --quiet -r requirements-docs.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean-results:
 	rm -rf results/* .snakemake && touch results/.gitkeep
