@@ -128,6 +128,15 @@ def test_the_config_reference_has_every_key_with_its_default_and_reruns():
     assert n_iters.startswith(" `masked_other`, `organize`") and "then what follows:" in n_iters
 
 
+def test_every_key_of_the_config_reference_has_a_description():
+    """Each key and section the reference renders says what it is: a key added to the schema
+    without a `description` fails here (a kind's data, arch and train sections take theirs
+    from their `$defs` entry)."""
+    keys = config_reference.schema_keys(config_reference.load_schema())
+    missing = [k.anchor for k in keys if not config_reference._description(k.node)]
+    assert not missing, f"no description in oattn_lib/schemas/config.schema.yaml: {missing}"
+
+
 def test_the_recorded_reruns_agree_with_what_the_workflow_tests_see_planned():
     """The stages the reruns say a change of organize.n_iters and of jobs.batch_max_entries
     plan are those a dry run on a finished run of the test config plans
