@@ -26,7 +26,7 @@ import torch
 
 from oattn_lib.data import (EOS, UNK, Vocab, build_text_dataset, cifar10_for_vit, digits_dataset,
                             download, fetch_cifar10, fetch_wikitext103, load_cifar10,
-                            load_wikitext, split_documents, stdlib_corpus,
+                            load_wikitext, split_documents, stdlib_corpus, wikitext_articles,
                             stdlib_named_documents, tokenize_words)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -300,6 +300,30 @@ def test_load_wikitext_format(tmp_path):
     assert list(load_wikitext(tmp_path, splits=("test",))) == ["test"]
     with pytest.raises(ValueError, match="splits"):
         load_wikitext(tmp_path, splits=("dev",))
+
+
+def test_wikitext_articles_are_the_texts_from_one_title_to_the_next(tmp_path):
+    base = _write_wikitext(tmp_path)
+    assert wikitext_articles(tmp_path, "test") == ["= Robert <unk> =\nRobert is an actor ."]
+    # a section heading (= = ... = =) stays inside its article; a title starts the next one
+    (base / "wiki.test.tokens").write_text(
+        " \n = One = \n \n First text . \n \n = = Early life = = \n \n More . \n \n = Two = \n \n Second . \n",
+        encoding="utf-8")
+    assert wikitext_articles(tmp_path) == ["= One =\nFirst text .\n= = Early life = =\nMore .", "= Two =\nSecond ."]
+    with pytest.raises(ValueError, match="split"):
+        wikitext_articles(tmp_path, "dev")
+
+
+def test_an_llm_on_wikitext_draws_its_samples_from_the_test_articles(tmp_path):
+    """An hf model with `data.corpus: wikitext103` gets the test split's articles as the texts its
+    samples and held-out windows are drawn from (it had none: no sample could be drawn)."""
+    from oattn_lib.models import adapter
+
+    _write_wikitext(tmp_path)
+    model = {"name": "lm", "kind": "hf", "path": "smollm2",
+             "data": {"corpus": "wikitext103", "min_freq": 1, "max_size": 100, "seed": 0}}
+    _, meta = adapter(model).prepare_data(model["data"], tmp_path)
+    assert meta["test_texts"] == wikitext_articles(tmp_path, "test") == ["= Robert <unk> =\nRobert is an actor ."]
 
 
 def test_load_wikitext_missing_file_names_path(tmp_path):

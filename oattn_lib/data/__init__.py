@@ -15,7 +15,7 @@ from .._lazy import lazy_exports
 
 _EXPORTS = {
     "text": ("stdlib_corpus", "stdlib_named_documents", "tokenize_words", "Vocab",
-             "split_documents", "build_text_dataset", "load_wikitext", "UNK", "EOS",
+             "split_documents", "build_text_dataset", "load_wikitext", "wikitext_articles", "UNK", "EOS",
              "WIKITEXT_FILES"),
     "images": ("digits_dataset", "load_cifar10", "cifar10_for_vit", "CIFAR10_CLASSES",
                "IMAGENET_MEAN", "IMAGENET_STD"),

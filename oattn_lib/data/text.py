@@ -28,8 +28,8 @@ from ..store import atomic_write_text
 from .stdlib import stdlib_corpus, stdlib_named_documents
 
 __all__ = ["stdlib_corpus", "stdlib_named_documents", "tokenize_words", "Vocab",
-           "split_documents", "build_text_dataset", "text_dataset", "load_wikitext", "UNK", "EOS",
-           "WIKITEXT_FILES"]
+           "split_documents", "build_text_dataset", "text_dataset", "load_wikitext", "wikitext_articles",
+           "UNK", "EOS", "WIKITEXT_FILES"]
 
 UNK = "<unk>"
 EOS = "<eos>"
@@ -335,15 +335,61 @@ def load_wikitext(root: str | os.PathLike, skip_empty_lines: bool = True,
     return out
 
 
-def text_dataset(data: dict, data_root: str | os.PathLike = "resources") -> tuple[dict, Vocab, list[str] | None]:
+# an article's title line: ` = Title = ` (its sections' headings are ` = = Section = = `)
+_ARTICLE_TITLE = re.compile(r"^ = [^=].* = $")
+
+
+def wikitext_articles(root: str | os.PathLike, split: str = "test") -> list[str]:
+    """The articles of a WikiText-103 split as texts, in the file's order: each from its title
+    line (`` = Title = ``) to the next article's, its non-blank lines joined by newlines, as the
+    release writes them (tokens separated by spaces, rare words as ``<unk>``).
+
+    Parameters
+    ----------
+    root : str or PathLike
+        The directory holding ``wikitext-103/`` (the config's data_root).
+    split : {"train", "valid", "test"}
+        Which file to read.
+
+    Returns
+    -------
+    list of str
+        One text per article; lines before the first title, if any, are an article of their own.
+
+    Raises
+    ------
+    FileNotFoundError
+        The split's file is missing (the message says how to get it).
+    """
+    if split not in WIKITEXT_FILES:
+        raise ValueError(f"split: expected one of {tuple(WIKITEXT_FILES)}, got {split!r}")
+    root = Path(root)
+    path = root / "wikitext-103" / WIKITEXT_FILES[split]
+    if not path.is_file():
+        raise _wikitext_missing(path, root)
+    articles: list[list[str]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if _ARTICLE_TITLE.match(line) or not articles:
+                articles.append([])
+            articles[-1].append(line.strip())
+    return ["\n".join(lines) for lines in articles]
+
+
+def text_dataset(data: dict, data_root: str | os.PathLike = "resources") -> tuple[dict, Vocab, list[str]]:
     """A model's text dataset from its `data` config slice: (token-id splits train, valid and
     test, their `Vocab`, the corpus' documents). `corpus` wikitext103 reads the files under
-    `data_root` (its documents are not kept: None); otherwise the stdlib corpus is split by
-    `build_text_dataset` with the slice's `seed`, `min_freq` and `max_size`."""
+    `data_root`, its documents the test split's articles (`wikitext_articles`: a pretrained
+    model's samples and held-out texts, read by its own tokenizer); otherwise the stdlib corpus
+    is split by `build_text_dataset` with the slice's `seed`, `min_freq` and `max_size`, its
+    documents every document of the corpus."""
     if data["corpus"] == "wikitext103":
         splits = load_wikitext(Path(data_root))
         vocab = Vocab.build(splits["train"], min_freq=data["min_freq"], max_size=data["max_size"])
-        return {k: vocab.encode(v) for k, v in splits.items()}, vocab, None
+        return {k: vocab.encode(v) for k, v in splits.items()}, vocab, wikitext_articles(data_root, "test")
     import logging
 
     docs = stdlib_corpus()

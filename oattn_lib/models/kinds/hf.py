@@ -268,7 +268,7 @@ class HF(ModelKind):
         # not trained here: every document can be drawn as a sample or held out for the ablation
         # (enough of them are 1024 tokens long for an LLM's samples), read as raw text by the
         # model's own tokenizer
-        meta["test_texts"] = docs if docs is not None else []
+        meta["test_texts"] = docs
         log.info("text splits (tokens): %s; vocabulary %d", meta["sizes"], len(vocab))
         return ids, meta
 
