@@ -22,10 +22,19 @@ __all__ = ["DiffusionMap", "diffusion_map"]
 class DiffusionMap:
     """Diffusion coordinates of n items (docs/method.md §8).
 
-    coords: (n, n_components), column k - 1 is psi_k = phi_k / phi_0 * lambda_k^t.
-    eigenvalues: (n_components + 1,), lambda_0 (= 1) first, then descending.
-    phi0: (n,), the stationary eigenvector sqrt(d) / ||sqrt(d)|| of M (unit norm, > 0).
-    t: the diffusion time used.
+    The result of `diffusion_map`: numpy arrays for numpy input, torch tensors (float64, on the
+    input's device) for torch input.
+
+    Attributes
+    ----------
+    coords : ndarray or torch.Tensor of shape (n, n_components)
+        Column k - 1 is psi_k = phi_k / phi_0 * lambda_k^t.
+    eigenvalues : ndarray or torch.Tensor of shape (n_components + 1,)
+        lambda_0 (= 1) first, then descending.
+    phi0 : ndarray or torch.Tensor of shape (n,)
+        The stationary eigenvector sqrt(d) / ||sqrt(d)|| of M (unit norm, > 0).
+    t : float
+        The diffusion time used.
     """
 
     coords: np.ndarray | torch.Tensor
@@ -49,9 +58,6 @@ def _complement_basis(v: torch.Tensor) -> torch.Tensor:
 def diffusion_map(affinity, n_components: int = 3, t: float = 1) -> DiffusionMap:
     """Diffusion map of a symmetric nonnegative affinity matrix (docs/method.md §8).
 
-    affinity : float array or tensor of shape (n, n); see `DiffusionMap` for the shapes of
-    the result.
-
     M = D^-1/2 G D^-1/2 with D the row sums of G (plus 1e-12 times the largest row sum,
     so that items with no affinity to anything do not divide by zero; such an item is
     mapped to 0). lambda_0 = 1 with phi_0 = sqrt(d) / ||sqrt(d)||, which is exactly
@@ -71,8 +77,27 @@ def diffusion_map(affinity, n_components: int = 3, t: float = 1) -> DiffusionMap
     missing columns of `coords` and the missing eigenvalues are returned as zeros, so
     the shapes are always (n, n_components) and (n_components + 1,).
 
-    Returns numpy arrays for numpy input and torch tensors (float64, on the input's
-    device) for torch input.
+    Parameters
+    ----------
+    affinity : ndarray or torch.Tensor of shape (n, n)
+        The affinity G between the n items: float, symmetric and nonnegative.
+    n_components : int, default 3
+        Number of nontrivial diffusion coordinates psi_1, ..., psi_n_components to return.
+    t : float, default 1
+        The diffusion time, nonnegative.
+
+    Returns
+    -------
+    DiffusionMap
+        Coordinates (n, n_components), eigenvalues (n_components + 1,), phi0 (n,) and t; see
+        `DiffusionMap`. Numpy arrays for numpy input and torch tensors (float64, on the input's
+        device) for torch input.
+
+    Raises
+    ------
+    ValueError
+        If `n_components` is not a positive integer, `t` is not a finite nonnegative number, or
+        `affinity` is not a square, symmetric, nonnegative, finite matrix with at least one item.
     """
     was_numpy = not isinstance(affinity, torch.Tensor)
     device = affinity.device if not was_numpy else torch.device("cpu")

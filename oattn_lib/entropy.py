@@ -39,8 +39,26 @@ def coarsest(supports: list[np.ndarray], levels: list[np.ndarray], top_k: int) -
     for the network's 4096 coarsest functions at 1024 tokens x 270 heads was every one of its
     283 million).
 
-    supports, levels : one int array of shape (n_a,) per axis a (from `haar.haar_basis`).
-    Returns int64 (top_k,), flat indices into the (n_0, n_1, ...) tensor, coarsest first.
+    Parameters
+    ----------
+    supports : list of ndarray of int, each of shape (n_a,)
+        One array per axis a: the support of each of that axis's Haar functions (from
+        `haar.haar_basis`).
+    levels : list of ndarray of int, each of shape (n_a,)
+        One array per axis a: the level of each of that axis's Haar functions (from
+        `haar.haar_basis`).
+    top_k : int
+        The number of basis functions to keep, between 1 and n_0 * n_1 * ...
+
+    Returns
+    -------
+    ndarray of int64, shape (top_k,)
+        Flat indices into the (n_0, n_1, ...) tensor, coarsest first.
+
+    Raises
+    ------
+    ValueError
+        Naming top_k when it is not between 1 and the number of coefficients.
     """
     shape = tuple(len(s) for s in supports)
     total = int(np.prod(shape))
@@ -63,14 +81,35 @@ def coarsest(supports: list[np.ndarray], levels: list[np.ndarray], top_k: int) -
 
 
 def coarse_coefficients(c, supports: list[np.ndarray], levels: list[np.ndarray], keep: int):
-    """The coefficients of the `keep` coarsest basis functions of c's leading axes, coarsest
-    first, and their flat indices (docs/method.md §6.6): what the entropies read.
+    """The coefficients of the `keep` coarsest basis functions of c's leading axes, and their flat indices.
 
-    `coarsest` ranks the functions in one total order, so the first k of these are the k
-    coarsest for every k <= keep: `coarse_l1(c, ..., k)` equals the sum of |first k rows|.
-    c (numpy or torch) has one axis per entry of `supports` and optionally a trailing batch
-    axis; `keep` larger than the number of functions keeps them all. Returns (coefficients
-    (kept[, batch]) in c's library and on its device, int64 indices (kept,)).
+    Coarsest first (docs/method.md §6.6): what the entropies read. `coarsest` ranks the
+    functions in one total order, so the first k of these are the k coarsest for every
+    k <= keep: `coarse_l1(c, ..., k)` equals the sum of |first k rows|.
+
+    Parameters
+    ----------
+    c : ndarray or torch.Tensor of shape (n_0, n_1, ...) or (n_0, n_1, ..., n_batch)
+        Coefficients with one axis per entry of `supports` and optionally a trailing batch axis.
+    supports : list of ndarray of int, each of shape (n_a,)
+        The support of each Haar function of axis a (from `haar.haar_basis`).
+    levels : list of ndarray of int, each of shape (n_a,)
+        The level of each Haar function of axis a (from `haar.haar_basis`).
+    keep : int
+        The number of coarsest functions to keep; larger than the number of functions keeps
+        them all.
+
+    Returns
+    -------
+    coefficients : ndarray or torch.Tensor of shape (kept,) or (kept, n_batch)
+        The kept coefficients, coarsest first, in c's library and on its device.
+    indices : ndarray of int64, shape (kept,)
+        Their flat indices into the (n_0, n_1, ...) tensor.
+
+    Raises
+    ------
+    ValueError
+        Naming top_k (from `coarsest`) when `keep` is less than 1.
     """
     n_basis = int(np.prod([len(s) for s in supports]))
     idx = coarsest(supports, levels, min(keep, n_basis))
@@ -85,16 +124,35 @@ def coarse_coefficients(c, supports: list[np.ndarray], levels: list[np.ndarray],
 
 
 def level_sums(c, levels: list[np.ndarray]):
-    """Sums of |c| and of c^2 over the coefficients of each combination of levels, in float64
-    (docs/method.md §6.6): the energy of each scale, from which the l1/l2 sparsity of the
-    whole expansion follows exactly (`ratio_of_sums`).
+    """Sums of |c| and of c^2 over the coefficients of each combination of levels, in float64.
 
-    c : torch tensor (or numpy array) with one leading axis per entry of `levels` (that
-    axis's Haar levels, `haar.haar_basis`) and optionally one trailing batch axis (heads).
-    Returns (l1, l2sq, level_values): float64 torch tensors of shape (n_levels_0, n_levels_1,
-    ...[, batch]) on c's device, and the distinct levels of each axis (their coordinates).
-    Taken a slab of c's first axis at a time (no float64 copy of all of c), by index sums:
-    no loop over levels or heads.
+    The energy of each scale (docs/method.md §6.6), from which the l1/l2 sparsity of the
+    whole expansion follows exactly (`ratio_of_sums`). Taken a slab of c's first axis at a
+    time (no float64 copy of all of c), by index sums: no loop over levels or heads.
+
+    Parameters
+    ----------
+    c : torch.Tensor or ndarray of shape (n_0, n_1, ...) or (n_0, n_1, ..., n_batch)
+        Coefficients with one leading axis per entry of `levels` and optionally one trailing
+        batch axis (heads).
+    levels : list of ndarray of int, each of shape (n_a,)
+        The Haar levels of each leading axis a of c (`haar.haar_basis`).
+
+    Returns
+    -------
+    l1 : torch.Tensor of float64, shape (n_levels_0, n_levels_1, ...) or (n_levels_0, n_levels_1, ..., n_batch)
+        Sum of |c| per combination of levels (and per batch entry), on c's device.
+    l2sq : torch.Tensor of float64, same shape as `l1`
+        Sum of c^2 per combination of levels (and per batch entry), on c's device.
+    level_values : list of ndarray, each of shape (n_levels_a,)
+        The distinct levels of each axis, in increasing order: the coordinates of the level
+        axes of `l1` and `l2sq`.
+
+    Raises
+    ------
+    ValueError
+        Naming c when its shape does not match the levels' lengths (plus at most one batch
+        axis), or when it has an axis of length 0.
     """
     import torch
 
@@ -126,8 +184,24 @@ def level_sums(c, levels: list[np.ndarray]):
 
 
 def ratio_of_sums(l1, l2sq, dims):
-    """l1 / sqrt(l2sq) of sums over `dims` (numpy): the l1/l2 sparsity from `level_sums`
-    (an all-zero expansion has ratio 0, as in `l1_over_l2`)."""
+    """l1 / sqrt(l2sq) of sums over `dims`: the l1/l2 sparsity from `level_sums`.
+
+    An all-zero expansion has ratio 0, as in `l1_over_l2`.
+
+    Parameters
+    ----------
+    l1 : ndarray
+        Sums of |c| (the first output of `level_sums`, as numpy).
+    l2sq : ndarray, same shape as `l1`
+        Sums of c^2 (the second output of `level_sums`, as numpy).
+    dims : int or tuple of int
+        The axes summed over.
+
+    Returns
+    -------
+    ndarray
+        The ratio, of the shape of `l1` without `dims`; 0 where the sum of `l2sq` is 0.
+    """
     a, b = np.sum(l1, axis=dims), np.sqrt(np.sum(l2sq, axis=dims))
     return np.where(b > 0, a / np.where(b > 0, b, 1.0), 0.0)
 
@@ -141,9 +215,27 @@ def _bases(org, axes):
 def coarse_l1(c: np.ndarray | torch.Tensor, supports: list[np.ndarray], levels: list[np.ndarray], top_k: int):
     """Sum of |c| over the `top_k` coarsest basis functions of its leading axes.
 
-    c (numpy or torch) has one axis per entry of `supports` and optionally one trailing
-    batch axis (heads); returns a float64 numpy array over the batch axis, or a 0-d array
-    without one.
+    Parameters
+    ----------
+    c : ndarray or torch.Tensor of shape (n_0, n_1, ...) or (n_0, n_1, ..., n_batch)
+        Coefficients with one axis per entry of `supports` and optionally one trailing batch
+        axis (heads).
+    supports : list of ndarray of int, each of shape (n_a,)
+        The support of each Haar function of axis a (from `haar.haar_basis`).
+    levels : list of ndarray of int, each of shape (n_a,)
+        The level of each Haar function of axis a (from `haar.haar_basis`).
+    top_k : int
+        The number of coarsest basis functions summed over (see `coarsest`).
+
+    Returns
+    -------
+    ndarray of float64, shape (n_batch,) or ()
+        The sum over the batch axis, or a 0-d array without one; numpy whatever c is.
+
+    Raises
+    ------
+    ValueError
+        Naming top_k when it is not between 1 and n_0 * n_1 * ...
     """
     idx = coarsest(supports, levels, top_k)
     n_basis = int(np.prod([len(s) for s in supports]))
@@ -160,8 +252,26 @@ def coarse_l1(c: np.ndarray | torch.Tensor, supports: list[np.ndarray], levels: 
 def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
     """Per-head l1 entropy: sum of |C_h| over the `top_k` coarsest bi-Haar functions (docs/method.md §6.2).
 
-    X is (query, key, head); `org` an Organization (its query and key trees are used).
-    Returns a float64 array of shape (head,).
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The heads, in (query, key, head) order; computed in float32 on X's device.
+    org : Organization
+        The organization of X; its query and key trees (`tree_q`, `tree_k`) are used.
+    top_k : int, default 400
+        The number of coarsest bi-Haar functions summed over, between 1 and n_query * n_key.
+
+    Returns
+    -------
+    ndarray of float64, shape (n_head,)
+        The l1 entropy of each head.
+
+    Raises
+    ------
+    ValueError
+        Naming X when it is not 3-D, has an axis of length 0 or NaN/inf entries; naming
+        tree_q or tree_k when its number of items does not match X's axis; naming top_k when
+        it is out of range.
     """
     from .haar import bihaar
 
@@ -174,7 +284,28 @@ def head_entropy(X, org, top_k: int = 400) -> np.ndarray:
 def network_entropy(X, org, top_k: int = 100) -> float:
     """Network l1 entropy: sum of |C| over the `top_k` coarsest tri-Haar functions (docs/method.md §6.2).
 
-    X : float array or tensor (query, key, head); `org` an Organization. Returns a float."""
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The heads, in (query, key, head) order; computed in float32 on X's device.
+    org : Organization
+        The organization of X; its three trees (`tree_q`, `tree_k`, `tree_h`) are used.
+    top_k : int, default 100
+        The number of coarsest tri-Haar functions summed over, between 1 and
+        n_query * n_key * n_head.
+
+    Returns
+    -------
+    float
+        The l1 entropy of the network.
+
+    Raises
+    ------
+    ValueError
+        Naming X when it is not 3-D, has an axis of length 0 or NaN/inf entries; naming
+        tree_q, tree_k or tree_h when its number of items does not match X's axis; naming
+        top_k when it is out of range.
+    """
     from .haar import trihaar
 
     x, _ = as_tensor(X, "X", ndim=3)
@@ -191,7 +322,17 @@ def l1_over_l2(c: np.ndarray | torch.Tensor, dims):
     no fresh temporaries: freed ones were not reused here, and the peak grew by the float64
     size of c).
 
-    c : float array or tensor of any shape; the result is float64 of c's shape without `dims`.
+    Parameters
+    ----------
+    c : ndarray or torch.Tensor of any shape
+        Float coefficients.
+    dims : int or tuple of int
+        The axes the norms are taken along (negative ones count from the end).
+
+    Returns
+    -------
+    ndarray or torch.Tensor of float64
+        The ratio, of c's shape without `dims`; 0 where a slice is all zero (its l2 norm is 0).
     """
     dims = tuple(d % max(c.ndim, 1) for d in ((dims,) if isinstance(dims, int) else dims))
     if c.ndim == 0:
@@ -226,8 +367,21 @@ _SLAB = 1 << 20
 
 
 def l1_norm(c: np.ndarray | torch.Tensor) -> float:
-    """sum |c| in float64, a slab at a time (`c.abs().double()` would hold two more copies of c:
-    3.4 GB for the tri-Haar coefficients of 270 heads at 1024 tokens); numpy or torch."""
+    """sum |c| in float64, a slab at a time.
+
+    `c.abs().double()` would hold two more copies of c: 3.4 GB for the tri-Haar coefficients
+    of 270 heads at 1024 tokens.
+
+    Parameters
+    ----------
+    c : ndarray or torch.Tensor of any shape
+        The coefficients.
+
+    Returns
+    -------
+    float
+        The sum of the absolute values of all entries of c.
+    """
     flat = c.reshape(-1)
     if is_tensor(c):
         import torch
@@ -240,7 +394,24 @@ def l1_norm(c: np.ndarray | torch.Tensor) -> float:
 def head_sparsity(X, org) -> np.ndarray:
     """Per-head l1/l2 ratio of all bi-Haar coefficients; lower is sparser (docs/method.md §6.3).
 
-    X : float array or tensor (query, key, head); returns float64 numpy (head,)."""
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The heads, in (query, key, head) order; computed in float32 on X's device.
+    org : Organization
+        The organization of X; its query and key trees (`tree_q`, `tree_k`) are used.
+
+    Returns
+    -------
+    ndarray of float64, shape (n_head,)
+        The l1/l2 ratio of each head's bi-Haar coefficients, as numpy.
+
+    Raises
+    ------
+    ValueError
+        Naming X when it is not 3-D, has an axis of length 0 or NaN/inf entries; naming
+        tree_q or tree_k when its number of items does not match X's axis.
+    """
     from .haar import bihaar
 
     x, _ = as_tensor(X, "X", ndim=3)
@@ -250,7 +421,24 @@ def head_sparsity(X, org) -> np.ndarray:
 def network_sparsity(X, org) -> float:
     """l1/l2 ratio of all tri-Haar coefficients of the network; lower is sparser (docs/method.md §6.3).
 
-    X : float array or tensor (query, key, head); returns a float."""
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The heads, in (query, key, head) order; computed in float32 on X's device.
+    org : Organization
+        The organization of X; its three trees (`tree_q`, `tree_k`, `tree_h`) are used.
+
+    Returns
+    -------
+    float
+        The l1/l2 ratio of all the tri-Haar coefficients.
+
+    Raises
+    ------
+    ValueError
+        Naming X when it is not 3-D, has an axis of length 0 or NaN/inf entries; naming
+        tree_q, tree_k or tree_h when its number of items does not match X's axis.
+    """
     from .haar import trihaar
 
     x, _ = as_tensor(X, "X", ndim=3)
@@ -258,7 +446,25 @@ def network_sparsity(X, org) -> float:
 
 
 def n_extreme(n_heads: int, fraction: float) -> int:
-    """Size of the top/bottom set: round(fraction * H), at least 1 (docs/method.md §6.4, Table 1)."""
+    """Size of the top/bottom set: round(fraction * H), at least 1 (docs/method.md §6.4, Table 1).
+
+    Parameters
+    ----------
+    n_heads : int
+        H, the number of heads.
+    fraction : float
+        The fraction of the heads in the set, in (0, 1].
+
+    Returns
+    -------
+    int
+        The size of the set.
+
+    Raises
+    ------
+    ValueError
+        Naming fraction when it is not in (0, 1].
+    """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction: must be in (0, 1], got {fraction}")
     return max(1, int(round(fraction * n_heads)))
@@ -280,8 +486,29 @@ def _ranked_sets(entropies_by_batch, fraction: float):
 def extreme_heads(entropies_by_batch, fraction: float = 0.1) -> dict[str, np.ndarray]:
     """How often each head is in the top and bottom `fraction` across batches (Table 1).
 
-    entropies_by_batch is (batch, head). Returns {"top": counts (head,), "bottom":
-    counts (head,), "n_batches": B, "k": set size}.
+    In each batch the heads are ranked by entropy; equal entropies rank by head index. The
+    set size is `n_extreme(n_head, fraction)`.
+
+    Parameters
+    ----------
+    entropies_by_batch : array_like of float, shape (n_batch, n_head)
+        The entropy of each head in each batch.
+    fraction : float, default 0.1
+        The fraction of the heads in the top and the bottom set, in (0, 1].
+
+    Returns
+    -------
+    dict
+        ``{"top": counts, "bottom": counts, "n_batches": B, "k": k}``: "top" and "bottom" are
+        int ndarrays of shape (n_head,), the number of batches in which each head is among the k
+        highest (lowest) entropies; "n_batches" (int) is the number of batches B and "k" (int)
+        the set size.
+
+    Raises
+    ------
+    ValueError
+        Naming entropies_by_batch when it is not a non-empty 2-D array or contains NaN or inf;
+        naming fraction when it is not in (0, 1].
     """
     bottom, top = _ranked_sets(entropies_by_batch, fraction)
     n_heads = np.asarray(entropies_by_batch).shape[1]
@@ -293,7 +520,28 @@ def extreme_heads(entropies_by_batch, fraction: float = 0.1) -> dict[str, np.nda
 def jaccard_stability(entropies_by_batch, fraction: float = 0.1, which: str = "bottom") -> np.ndarray:
     """Jaccard index of the bottom (or top) `fraction` head sets between every pair of batches.
 
-    entropies_by_batch : float array of shape (batch, head). Returns float64 (batch, batch).
+    In each batch the heads are ranked by entropy; equal entropies rank by head index. The
+    set size is `n_extreme(n_head, fraction)`.
+
+    Parameters
+    ----------
+    entropies_by_batch : array_like of float, shape (n_batch, n_head)
+        The entropy of each head in each batch.
+    fraction : float, default 0.1
+        The fraction of the heads in each set, in (0, 1].
+    which : {"bottom", "top"}, default "bottom"
+        Which set is compared: the lowest or the highest entropies.
+
+    Returns
+    -------
+    ndarray of float64, shape (n_batch, n_batch)
+        The Jaccard index of the sets of every pair of batches.
+
+    Raises
+    ------
+    ValueError
+        Naming which when it is neither "bottom" nor "top"; naming entropies_by_batch when it is
+        not a non-empty 2-D array or contains NaN or inf; naming fraction when it is not in (0, 1].
     """
     if which not in ("bottom", "top"):
         raise ValueError(f"which: must be 'bottom' or 'top', got {which!r}")

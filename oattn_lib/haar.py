@@ -78,10 +78,27 @@ def _basis_cached(tree: PartitionTree):
 def haar_basis(tree: PartitionTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Orthonormal Haar basis of R^n on `tree` (docs/method.md §3.1-§3.3).
 
-    Returns (B, support, level): B is (n, n) float64 with orthonormal columns, column 0
-    the constant; support[j] is the size of the folder vector j lives on (n for the
-    constant) and level[j] its folder's level (root = 0). Columns are ordered by level,
-    then by the folder's smallest item, then by child rank.
+    Columns are ordered by level, then by the folder's smallest item, then by child rank.
+    The arrays are cached per tree and read-only.
+
+    Parameters
+    ----------
+    tree : PartitionTree
+        The tree on n items.
+
+    Returns
+    -------
+    B : ndarray of shape (n, n)
+        float64 with orthonormal columns, column 0 the constant.
+    support : ndarray of shape (n,)
+        support[j] is the size of the folder vector j lives on (n for the constant).
+    level : ndarray of shape (n,)
+        level[j] is the level of vector j's folder (root = 0).
+
+    Raises
+    ------
+    ValueError
+        If `tree` is not a `PartitionTree`.
     """
     return _basis_cached(_check_tree(tree, "tree"))
 
@@ -111,11 +128,32 @@ def _transform(x: torch.Tensor, trees, inverse: bool, out: torch.Tensor | None =
 def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, overwrite: bool = False):
     """bi-Haar coefficients C_h = B_Q^T X_h B_K of every head (docs/method.md §3.5).
 
-    X : float array or tensor of shape (n_query, n_key, n_head), or one (n_query, n_key)
-    head (an integer input is computed in float32). The result has the same shape, dtype and
-    device, indexed by (query basis, key basis[, head]), in the column order of `haar_basis`.
     Computed by fast sweeps through the trees (`sweep.haar_sweep`), O(n) per vector and
-    with no memory beyond the result. `overwrite`: written over X itself, as `trihaar`'s.
+    with no memory beyond the result, on the device of X.
+
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head) or (n_query, n_key)
+        The heads, or one head; float (an integer input is computed in float32).
+    tree_q : PartitionTree
+        Tree on the n_query queries.
+    tree_k : PartitionTree
+        Tree on the n_key keys.
+    overwrite : bool, default False
+        Write the coefficients over X itself, as `trihaar`'s.
+
+    Returns
+    -------
+    C : ndarray or torch.Tensor of shape (n_query, n_key, n_head) or (n_query, n_key)
+        Same shape, dtype and device as X, indexed by (query basis, key basis[, head]), in the
+        column order of `haar_basis`.
+
+    Raises
+    ------
+    ValueError
+        If `tree_q` or `tree_k` is not a `PartitionTree` or its number of items differs from the
+        length of its axis of X, or X does not have 2 or 3 dimensions, has an axis of length 0,
+        or contains NaN or inf.
     """
     x, was_np, single = _prepare(X, "X", (tree_q, tree_k), (2, 3))
     c = _transform(x, (tree_q, tree_k), inverse=False, out=x if overwrite else None)
@@ -123,10 +161,31 @@ def bihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, overwrite: bool = Fa
 
 
 def inverse_bihaar(C, tree_q: PartitionTree, tree_k: PartitionTree):
-    """Reconstruct heads from bi-Haar coefficients: X_h = B_Q C_h B_K^T.
+    """Reconstruct heads from bi-Haar coefficients: X_h = B_Q C_h B_K^T (docs/method.md §3.5).
 
-    C : float array or tensor of shape (n_query, n_key, n_head) or (n_query, n_key); the
-    result has the same shape, dtype and device."""
+    The inverse of `bihaar`.
+
+    Parameters
+    ----------
+    C : ndarray or torch.Tensor of shape (n_query, n_key, n_head) or (n_query, n_key)
+        bi-Haar coefficients, float, indexed by (query basis, key basis[, head]).
+    tree_q : PartitionTree
+        Tree on the n_query queries.
+    tree_k : PartitionTree
+        Tree on the n_key keys.
+
+    Returns
+    -------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head) or (n_query, n_key)
+        The heads; same shape, dtype and device as C.
+
+    Raises
+    ------
+    ValueError
+        If a tree is not a `PartitionTree` or its number of items differs from the length of
+        its axis of C, or C does not have 2 or 3 dimensions, has an axis of length 0, or
+        contains NaN or inf.
+    """
     c, was_np, single = _prepare(C, "C", (tree_q, tree_k), (2, 3))
     x = _transform(c, (tree_q, tree_k), inverse=True)
     return back(x[:, :, 0] if single else x, was_np)
@@ -136,13 +195,41 @@ def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTr
             out=None):
     """tri-Haar coefficients of the network: X x_1 B_Q^T x_2 B_K^T x_3 B_H^T (docs/method.md §3.5).
 
-    X : float array or tensor of shape (n_query, n_key, n_head); the result has the same
-    shape, dtype and device, indexed by (query basis, key basis, head basis). `overwrite`:
-    the coefficients are written over X itself where X is a contiguous float tensor or array
-    (no memory beyond it: at 1024 tokens x 270 heads a copy is 1.1 GB); X is lost. `out`: a
-    contiguous tensor of that shape, dtype and device (or a numpy array on the CPU) that receives
-    the coefficients instead, and is returned: a buffer reused from call to call (fresh memory
-    costs more than the sweeps that fill it: 2-3 s of page faults for 1.1 GB here)."""
+    Computed by Haar sweeps through the three trees (`sweep.haar_sweep`), on the device of X.
+
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The network tensor, float (an integer input is computed in float32).
+    tree_q : PartitionTree
+        Tree on the n_query queries.
+    tree_k : PartitionTree
+        Tree on the n_key keys.
+    tree_h : PartitionTree
+        Tree on the n_head heads.
+    overwrite : bool, default False
+        The coefficients are written over X itself where X is a contiguous float tensor or
+        array (no memory beyond it: at 1024 tokens x 270 heads a copy is 1.1 GB); X is lost.
+    out : ndarray or torch.Tensor of shape (n_query, n_key, n_head), optional
+        A contiguous tensor of X's shape, dtype and device (or a numpy array on the CPU) that
+        receives the coefficients instead, and is returned: a buffer reused from call to call
+        (fresh memory costs more than the sweeps that fill it: 2-3 s of page faults for 1.1 GB
+        here).
+
+    Returns
+    -------
+    C : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        Same shape, dtype and device as X, indexed by (query basis, key basis, head basis);
+        `out` itself where it is given.
+
+    Raises
+    ------
+    ValueError
+        If a tree is not a `PartitionTree` or its number of items differs from the length of
+        its axis of X; if X is not 3-D, has an axis of length 0 or contains NaN or inf; if both
+        `overwrite` and `out` are given; or if `out` is not a contiguous array of X's shape,
+        dtype and device.
+    """
     x, was_np, _ = _prepare(X, "X", (tree_q, tree_k, tree_h), 3)
     if out is not None:
         if overwrite:
@@ -158,11 +245,33 @@ def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTr
 
 
 def trihaar_of_bihaar(C, tree_h: PartitionTree, overwrite: bool = False):
-    """tri-Haar coefficients of the network from the bi-Haar coefficients C of its heads
-    (`bihaar`, shape (query basis, key basis, head)): the Haar sweep along the head axis, the
-    last of `trihaar`'s three, so the result is trihaar(X, tree_q, tree_k, tree_h) bit for bit
-    where C = bihaar(X, tree_q, tree_k) (docs/method.md §3.5). Same shape, dtype and device as C;
-    `overwrite` as `trihaar`'s."""
+    """tri-Haar coefficients of the network from the bi-Haar coefficients C of its heads.
+
+    The Haar sweep along the head axis, the last of `trihaar`'s three, so the result is
+    trihaar(X, tree_q, tree_k, tree_h) bit for bit where C = bihaar(X, tree_q, tree_k)
+    (docs/method.md §3.5).
+
+    Parameters
+    ----------
+    C : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        bi-Haar coefficients of every head (`bihaar`), indexed by (query basis, key basis,
+        head); an integer input is computed in float32.
+    tree_h : PartitionTree
+        Tree on the n_head heads.
+    overwrite : bool, default False
+        As `trihaar`'s: the coefficients are written over C itself.
+
+    Returns
+    -------
+    ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The tri-Haar coefficients; same shape, dtype and device as C.
+
+    Raises
+    ------
+    ValueError
+        If `tree_h` is not a `PartitionTree` or its number of items differs from the length of
+        C's axis 2, or C is not 3-D, has an axis of length 0 or contains NaN or inf.
+    """
     c, was_np = as_tensor(C, "C", ndim=3, dtype=None)
     c = (c if c.is_floating_point() else c.float()).contiguous()
     _check_tree(tree_h, "tree_h")
@@ -172,18 +281,81 @@ def trihaar_of_bihaar(C, tree_h: PartitionTree, overwrite: bool = False):
 
 
 def inverse_trihaar(C, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree):
-    """Reconstruct the network tensor from its tri-Haar coefficients C, a float array or
-    tensor of shape (n_query, n_key, n_head); the result has the same shape, dtype and device."""
+    """Reconstruct the network tensor from its tri-Haar coefficients C (docs/method.md §3.5).
+
+    The inverse of `trihaar`.
+
+    Parameters
+    ----------
+    C : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        tri-Haar coefficients, float, indexed by (query basis, key basis, head basis).
+    tree_q : PartitionTree
+        Tree on the n_query queries.
+    tree_k : PartitionTree
+        Tree on the n_key keys.
+    tree_h : PartitionTree
+        Tree on the n_head heads.
+
+    Returns
+    -------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The network tensor; same shape, dtype and device as C.
+
+    Raises
+    ------
+    ValueError
+        If a tree is not a `PartitionTree` or its number of items differs from the length of
+        its axis of C, or C is not 3-D, has an axis of length 0 or contains NaN or inf.
+    """
     c, was_np, _ = _prepare(C, "C", (tree_q, tree_k, tree_h), 3)
     return back(_transform(c, (tree_q, tree_k, tree_h), inverse=True), was_np)
 
 
 def bihaar_support(tree_q: PartitionTree, tree_k: PartitionTree) -> np.ndarray:
-    """Support size of each bi-Haar basis function (a, b): support_Q(a) * support_K(b);
-    int64 (n_query, n_key)."""
+    """Support size of each bi-Haar basis function (a, b): support_Q(a) * support_K(b).
+
+    Parameters
+    ----------
+    tree_q : PartitionTree
+        Tree on the n_query queries.
+    tree_k : PartitionTree
+        Tree on the n_key keys.
+
+    Returns
+    -------
+    ndarray of shape (n_query, n_key)
+        int64, indexed by (query basis, key basis) in the column order of `haar_basis`.
+
+    Raises
+    ------
+    ValueError
+        If a tree is not a `PartitionTree`.
+    """
     return np.outer(haar_basis(tree_q)[1], haar_basis(tree_k)[1])
 
 
 def trihaar_support(tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTree) -> np.ndarray:
-    """Support size of each tri-Haar basis function (a, b, c); int64 (n_query, n_key, n_head)."""
+    """Support size of each tri-Haar basis function (a, b, c).
+
+    support_Q(a) * support_K(b) * support_H(c), from the supports of `haar_basis`.
+
+    Parameters
+    ----------
+    tree_q : PartitionTree
+        Tree on the n_query queries.
+    tree_k : PartitionTree
+        Tree on the n_key keys.
+    tree_h : PartitionTree
+        Tree on the n_head heads.
+
+    Returns
+    -------
+    ndarray of shape (n_query, n_key, n_head)
+        int64, indexed by (query basis, key basis, head basis).
+
+    Raises
+    ------
+    ValueError
+        If a tree is not a `PartitionTree`.
+    """
     return bihaar_support(tree_q, tree_k)[:, :, None] * haar_basis(tree_h)[1][None, None, :]

@@ -68,11 +68,22 @@ __all__ = ["APPROXIMATIONS", "Approximations", "Paraproduct", "ROW_SUM_FLOOR", "
 class Paraproduct:
     """The paraproduct decomposition of softmax(organized head) (docs/method.md §7).
 
-    organized: ``f[row_order][:, col_order]``; exact: its row softmax; approximation: the
-    paraproduct approximation of the softmax; residual = exact - approximation;
-    relative_residual = ||residual||_F / ||exact||_F; row_order, col_order: the
-    permutations used; n_scales: (J_r, J_c), the number of dyadic refinements used
-    on the row and the column axis.
+    Attributes
+    ----------
+    organized : ndarray or Tensor of shape (N, M)
+        ``f[row_order][:, col_order]``.
+    exact : ndarray or Tensor of shape (N, M)
+        Its row softmax.
+    approximation : ndarray or Tensor of shape (N, M)
+        The paraproduct approximation of the softmax.
+    residual : ndarray or Tensor of shape (N, M)
+        exact - approximation.
+    relative_residual : float
+        ||residual||_F / ||exact||_F.
+    row_order, col_order : ndarray of int64, shape (N,) and (M,)
+        The permutations used.
+    n_scales : tuple of int
+        (J_r, J_c), the number of dyadic refinements used on the row and the column axis.
     """
 
     organized: np.ndarray | torch.Tensor
@@ -278,7 +289,29 @@ def _not_representable(what: str, row: int, log10_size: float, spread: float) ->
 
 # -- validation -------------------------------------------------------------------------
 def check_order(order, n: int, name: str) -> np.ndarray:
-    """`order` as an int64 permutation of 0..n-1 (None: the identity); ValueError naming `name`."""
+    """`order` as an int64 permutation of 0..n-1 (None: the identity); ValueError naming `name`.
+
+    Parameters
+    ----------
+    order : array_like or Tensor of int, shape (n,), or None
+        The permutation; float entries are accepted where they are finite whole numbers, bool
+        ones never. None: the identity.
+    n : int
+        The length of the axis permuted.
+    name : str
+        The argument's name, for the error message.
+
+    Returns
+    -------
+    ndarray of int64, shape (n,)
+        The permutation.
+
+    Raises
+    ------
+    ValueError
+        Naming `name` when `order` is not 1-D of length n, not of integer values, or not a
+        permutation of 0..n-1.
+    """
     if order is None:
         return np.arange(n)
     if isinstance(order, torch.Tensor):
@@ -329,10 +362,31 @@ def _norm(t: torch.Tensor) -> float:
 
 # -- public API -------------------------------------------------------------------------
 def block_averages(f, row_level: int, col_level: int):
-    """E_{j,j'} f (docs/method.md §7.1): f averaged over the folders of level j of the row tree times
-    level j' of the column tree (balanced binary trees on f's own order).
+    """E_{j,j'} f (docs/method.md §7.1): f averaged over the dyadic rectangles of levels (j, j').
 
-    f : float array or tensor of shape (N, M); returns float64 (N, M), numpy or torch like f."""
+    f is averaged over the folders of level j of the row tree times level j' of the column tree
+    (balanced binary trees on f's own order).
+
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        The head; computed in float64 on its device.
+    row_level : int
+        j, a level of the row tree: 0 (the root) to its depth, J_r = ceil(log2 N).
+    col_level : int
+        j', a level of the column tree: 0 (the root) to its depth, J_c = ceil(log2 M).
+
+    Returns
+    -------
+    array or Tensor of float64, shape (N, M)
+        E_{j,j'} f expanded back to N x M, numpy or torch like f.
+
+    Raises
+    ------
+    ValueError
+        Naming f when it is not 2-D, has an axis of length 0 or NaN/inf entries; naming
+        row_level or col_level when it is not an integer between 0 and the tree's depth.
+    """
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     n, m = x.shape
     for name, lev, size in (("row_level", row_level, n), ("col_level", col_level, m)):
@@ -350,11 +404,28 @@ def telescoping_sum(f, n_scales=None):
     entries) equals exp(E_{J_r,J_c} f - rowmax(f)); with the default it is
     exp(f - rowmax(f)). Like terms are combined before any g_{j,j'} is evaluated, which
     makes the sum exact for any finite f (see the module docstring); every term of row i
-    carries the factor exp(-rowmax_i). Raises ValueError naming f if the result is not
-    representable (possible only for truncated scales, whose block averages can exceed
-    the row maximum).
+    carries the factor exp(-rowmax_i).
 
-    f : float array or tensor of shape (N, M); returns float64 (N, M), numpy or torch like f.
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        The organized head; computed in float64 on its device.
+    n_scales : int or tuple of (int, int), optional
+        (J_r, J_c), the number of dyadic refinements on the row and the column axis, or one
+        integer for both (capped at the trees' depths); None: down to single entries.
+
+    Returns
+    -------
+    array or Tensor of float64, shape (N, M)
+        The telescoping sum, numpy or torch like f.
+
+    Raises
+    ------
+    ValueError
+        Naming f when it is not 2-D, has an axis of length 0 or NaN/inf entries, or when the
+        result is not representable (possible only for truncated scales, whose block averages
+        can exceed the row maximum); naming n_scales when it is not None, a nonnegative integer
+        or a pair of them.
     """
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     jr, jc = _check_scales(n_scales, *x.shape)
@@ -374,11 +445,7 @@ def telescoping_sum(f, n_scales=None):
 def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) -> Paraproduct:
     """Paraproduct approximation of softmax of an organized head (docs/method.md §7.3, Theorem 1).
 
-    f: (N, M) head, rows = queries (pre-softmax scores); any N, M >= 1. row_order,
-    col_order: permutations organizing the axes (e.g. from the 2D questionnaire,
-    docs/method.md §5.3); None means identity, i.e. f is already organized. n_scales: None (all scales,
-    down to single entries), an integer, or a (rows, cols) pair limiting the number of
-    dyadic refinements; with fewer scales the residual includes the finer detail.
+    With fewer scales (`n_scales`) the residual includes the finer detail.
 
     The decomposition is done on A = exp, pointwise, where Theorem 1 applies: exact
     telescoping into g_{0,0} + one-dimensional + mixed differences of
@@ -390,9 +457,7 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) 
     before the block averages would instead change the function being decomposed), and
     the result is scaled back in log form (module docstring). Hence the approximation
     does not change when a constant is added to f, but it does change under a per-row
-    shift of f (coarse block averages mix rows), although softmax(f) does not. Raises
-    ValueError naming f when the approximation of the softmax is too large for float64
-    (rows hundreds apart in level; the module docstring has an example).
+    shift of f (coarse block averages mix rows), although softmax(f) does not.
 
     Softmax approximation: the approximation of exp(f), each row divided by the exact
     row sum Z_i = sum_k exp(f[i, k]). Reason: softmax(f) = diag(1/Z) exp(f) with Z a
@@ -405,18 +470,41 @@ def paraproduct(f, row_order=None, col_order=None, n_scales=None, allowed=None) 
     consequence the rows of `approximation` need not sum exactly to 1. `approximations`
     gives the self-normalised one beside it (docs/method.md §7.5).
 
-    Masked (causal, sliding-window) heads: `allowed` (N, M) bool in f's own order, False
-    where the model may not attend. The reference is then the model's masked softmax,
+    Masked (causal, sliding-window) heads: the reference is then the model's masked softmax,
     never a softmax over positions the model cannot see: the masked softmax is the
     linear map "zero the masked entries, divide row i by its masked sum Z_i" applied to
     exp(f), so it is applied to every term of the same pointwise decomposition of exp(f)
     (whose block averages see f at every position: the pre-mask scores). `exact` is the
     masked softmax, `approximation` is zero at masked entries, and a row with no allowed
-    entry is zero in both. None: no mask.
+    entry is zero in both.
 
-    Returns numpy arrays for numpy input and torch tensors on the input's device for
-    torch input, all float64 (computed in float64 whatever the input precision);
-    row_order and col_order are numpy int64 arrays.
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        The head, rows = queries (pre-softmax scores); any N, M >= 1. Computed in float64
+        whatever the input precision.
+    row_order, col_order : int array of shape (N,) and (M,), optional
+        Permutations organizing the axes (e.g. from the 2D questionnaire, docs/method.md §5.3);
+        None means identity, i.e. f is already organized.
+    n_scales : int or tuple of (int, int), optional
+        An integer, or a (rows, cols) pair, limiting the number of dyadic refinements; None:
+        all scales, down to single entries.
+    allowed : bool array of shape (N, M), optional
+        The model's mask in f's own order, False where the model may not attend; None: no mask.
+
+    Returns
+    -------
+    Paraproduct
+        numpy arrays for numpy input and torch tensors on the input's device for torch input,
+        all float64; row_order and col_order are numpy int64 arrays.
+
+    Raises
+    ------
+    ValueError
+        Naming f when the approximation of the softmax is too large for float64 (rows hundreds
+        apart in level; the module docstring has an example), or when f is not 2-D, has an axis
+        of length 0 or NaN/inf entries; naming row_order, col_order, n_scales or allowed when
+        they are not valid.
     """
     x, was_numpy = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     organized, mask, blocks, r, c = _prepare(x, row_order, col_order, n_scales, allowed)
@@ -600,16 +688,37 @@ def _relative_residuals(exact: torch.Tensor, approx: torch.Tensor) -> np.ndarray
 
 
 def relative_residuals(f, taus, row_order=None, col_order=None, n_scales=None, allowed=None) -> np.ndarray:
-    """`paraproduct(tau * f, ...).relative_residual` for every tau > 0; NaN where float64
-    cannot represent it (the ValueErrors about range that `paraproduct` raises).
+    """`paraproduct(tau * f, ...).relative_residual` for every tau > 0.
 
-    The block averages of tau f are tau times those of f, so the organized head and its
-    block averages are computed once and each temperature costs a few passes over N x M; the
-    temperatures go through the paraproduct's levels together (`BATCH_ENTRIES` at a time), in
-    the same operations, and tau = 1 alone, exactly as `paraproduct` computes it.
-    Bad arguments (f, an order, n_scales, allowed, a tau <= 0) raise ValueError naming them.
+    NaN where float64 cannot represent it (the ValueErrors about range that `paraproduct`
+    raises). The block averages of tau f are tau times those of f, so the organized head and
+    its block averages are computed once and each temperature costs a few passes over N x M;
+    the temperatures go through the paraproduct's levels together (`BATCH_ENTRIES` at a time),
+    in the same operations, and tau = 1 alone, exactly as `paraproduct` computes it.
 
-    f : float (N, M); taus : float (T,); allowed : bool (N, M) or None. Returns float64 (T,).
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        The head, rows = queries (pre-softmax scores); computed in float64.
+    taus : array_like of float, shape (T,)
+        The temperatures, positive and finite.
+    row_order, col_order : int array of shape (N,) and (M,), optional
+        Permutations organizing the axes, as in `paraproduct`.
+    n_scales : int or tuple of (int, int), optional
+        As in `paraproduct`.
+    allowed : bool array of shape (N, M), optional
+        The model's mask in f's own order, as in `paraproduct`; None: no mask.
+
+    Returns
+    -------
+    ndarray of float64, shape (T,)
+        The relative residual at each temperature; NaN where float64 cannot represent it.
+
+    Raises
+    ------
+    ValueError
+        Naming f, taus (not a 1-D array of positive finite temperatures), row_order,
+        col_order, n_scales or allowed when they are not valid.
     """
     x, _ = as_tensor(f, "f", ndim=2, dtype=torch.float64)
     t = np.asarray(taus, dtype=np.float64)

@@ -26,8 +26,17 @@ def cosine_affinity(slices: torch.Tensor) -> np.ndarray:
     """Cosine similarity between flattened slices (rows of a 2-D tensor), negatives set to 0.
 
     The diagonal is 1 even for an all-zero slice, which has no direction (docs/method.md §5.1).
+    Computed from the slices' Gram matrix in float64, on the tensor's device.
 
-    slices : float tensor of shape (n, d); returns float64 numpy (n, n), symmetric.
+    Parameters
+    ----------
+    slices : torch.Tensor of shape (n, d)
+        The n slices, one per row, float.
+
+    Returns
+    -------
+    ndarray of shape (n, n)
+        float64 numpy, symmetric.
     """
     return _cosine(slices, 0)
 
@@ -102,12 +111,40 @@ def questionnaire3d(X, n_iters: int = 3, alpha=0.0, beta=1.0, constant: float = 
 
     Initial query and key trees come from cosine affinities of the flattened slices;
     each iteration then rebuilds the head, query and key trees in turn from tree-EMD
-    affinities over the newest trees of the other two axes. `alpha` and `beta` are the
-    EMD folder-weight exponents (a number, or one per axis in (query, key, head) order).
-    `head_uses_initial_trees=True` reproduces the authors' code, whose head step always
-    used the initial query and key trees. Runs on the device of X.
+    affinities over the newest trees of the other two axes. Runs on the device of X.
 
-    X : float array or tensor of shape (n_query, n_key, n_head). Returns an `Organization`.
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The network tensor, float (computed in float32).
+    n_iters : int, default 3
+        Number of iterations (head, query and key tree each), at least 1.
+    alpha, beta : float or sequence of 3 floats, default 0.0 and 1.0
+        The EMD folder-weight exponents (a number, or one per axis in (query, key, head) order).
+    constant : float, default 1.0
+        The constant of the trees' greedy merges (`trees.flexible_tree`), positive.
+    head_uses_initial_trees : bool, default False
+        True reproduces the authors' code, whose head step always used the initial query and
+        key trees.
+    seed : int, default 0
+        Passed to `trees.flexible_tree`, whose construction is deterministic (it uses no
+        randomness).
+    eps : float, default 1.0
+        Scale of the Gaussian affinity of the EMD (`emd.emd_affinity`), positive.
+    n_eigs : int, default 12
+        Number of diffusion eigenpairs `trees.flexible_tree` computes.
+
+    Returns
+    -------
+    Organization
+        The query, key and head trees and their float64 affinities.
+
+    Raises
+    ------
+    ValueError
+        If X is not a 3-D numeric array, has an axis of length 0 or contains NaN or inf; if
+        `n_iters` < 1, `eps` <= 0 or `constant` <= 0; or if `alpha` or `beta` is neither a
+        number nor 3 values.
     """
     x, _ = as_tensor(X, "X", ndim=3)
     if n_iters < 1:
@@ -188,10 +225,40 @@ def questionnaire2d(M, n_iters: int = 10, alpha: float = 1.0, beta: float = 0.0,
 
     The row tree starts from cosine affinities of the rows; each iteration rebuilds the
     column tree from the tree-EMD over the row tree, then the row tree from the EMD over
-    the column tree. Returns (row tree, column tree); the organized head is
-    ``M[row_tree.order][:, col_tree.order]``.
+    the column tree. The organized head is ``M[row_tree.order][:, col_tree.order]``.
 
-    M : float array or tensor of shape (n_rows, n_cols).
+    Parameters
+    ----------
+    M : ndarray or torch.Tensor of shape (n_rows, n_cols)
+        One head, float (computed in float32).
+    n_iters : int, default 10
+        Number of iterations (column tree, then row tree), at least 1.
+    alpha : float, default 1.0
+        The EMD folder-weight exponent alpha.
+    beta : float, default 0.0
+        The EMD folder-weight exponent beta.
+    constant : float, default 1.0
+        The constant of the trees' greedy merges (`trees.flexible_tree`), positive.
+    eps : float, default 1.0
+        Scale of the Gaussian affinity of the EMD (`emd.emd_affinity`).
+    n_eigs : int, default 12
+        Number of diffusion eigenpairs `trees.flexible_tree` computes.
+    seed : int, default 0
+        Passed to `trees.flexible_tree`, whose construction is deterministic (it uses no
+        randomness).
+
+    Returns
+    -------
+    row_tree : PartitionTree
+        Tree on the n_rows rows.
+    col_tree : PartitionTree
+        Tree on the n_cols columns.
+
+    Raises
+    ------
+    ValueError
+        If M is not a 2-D numeric array, has an axis of length 0 or contains NaN or inf, or if
+        `n_iters` < 1 or `constant` <= 0.
     """
     m, _ = as_tensor(M, "M", ndim=2)
     if n_iters < 1:

@@ -25,8 +25,19 @@ __all__ = ["PartitionTree", "Organization", "balanced_tree", "flexible_tree", "r
 class PartitionTree:
     """Nested partitions of n items, level 0 = root; see the module docstring.
 
-    labels : int array of shape (n_levels, n); stored as read-only int64 in the canonical
-    numbering.
+    Parameters
+    ----------
+    labels : ndarray of shape (n_levels, n)
+        Integer folder labels ``labels[level, item]``: level 0 a single folder (the root), the
+        last level n singletons, every level nested in the one above. Stored as read-only int64
+        in the canonical numbering.
+
+    Raises
+    ------
+    ValueError
+        If `labels` is not a 2-D (level, item) array, has an axis of length 0 or entries that
+        are not integers, if level 0 is not a single folder, if the last level is not n
+        singletons, or if a level is not nested in the one above.
     """
 
     labels: np.ndarray
@@ -65,31 +76,62 @@ class PartitionTree:
     # -- basic shape ------------------------------------------------------------------
     @property
     def n(self) -> int:
+        """Number of items (leaves)."""
         return self.labels.shape[1]
 
     @property
     def n_levels(self) -> int:
+        """Number of levels, the root and the leaves included."""
         return self.labels.shape[0]
 
     def n_folders(self, level: int) -> int:
+        """Number of folders at `level`.
+
+        Parameters
+        ----------
+        level : int
+            The level, 0 the root.
+
+        Returns
+        -------
+        int
+        """
         return int(self.labels[level].max()) + 1
 
     @cached_property
     def order(self) -> np.ndarray:
-        """Depth-first leaf order, int64 (n,): ``X[order]`` is the organized axis."""
+        """Depth-first leaf order: ``X[order]`` is the organized axis.
+
+        Returns
+        -------
+        ndarray of shape (n,)
+            int64, a permutation of the items.
+        """
         return np.argsort(self.labels[-1], kind="stable")
 
     @cached_property
     def folder_sizes(self) -> list[np.ndarray]:
-        """Per level, the number of items in each folder (indexed by folder label): one int64
-        array of shape (n_folders(level),) per level."""
+        """Per level, the number of items in each folder (indexed by folder label).
+
+        Returns
+        -------
+        list of ndarray
+            One int64 array of shape (n_folders(level),) per level.
+        """
         return [np.bincount(self.labels[lev]) for lev in range(self.n_levels)]
 
     @cached_property
     def smallest_items(self) -> list[np.ndarray]:
-        """Per level, the smallest item of each folder (indexed by folder label): one int64 array
-        of shape (n_folders(level),) per level. Distinct within a level, so it orders folders by
-        a property of the tree alone (the Haar basis's sibling ties, docs/method.md §3.2)."""
+        """Per level, the smallest item of each folder (indexed by folder label).
+
+        Distinct within a level, so it orders folders by a property of the tree alone (the Haar
+        basis's sibling ties, docs/method.md §3.2).
+
+        Returns
+        -------
+        list of ndarray
+            One read-only int64 array of shape (n_folders(level),) per level.
+        """
         out = []
         for lev in range(self.n_levels):
             first = np.full(self.n_folders(lev), self.n, dtype=np.int64)
@@ -100,7 +142,13 @@ class PartitionTree:
 
     @cached_property
     def parents(self) -> list[np.ndarray]:
-        """Per level l >= 1, the parent folder (at l - 1) of each folder at l; level 0: [-1]."""
+        """Per level l >= 1, the parent folder (at l - 1) of each folder at l; level 0: [-1].
+
+        Returns
+        -------
+        list of ndarray
+            One int array of shape (n_folders(level),) per level (shape (1,) at level 0).
+        """
         out = [np.array([-1])]
         for lev in range(1, self.n_levels):
             par = np.empty(self.n_folders(lev), dtype=np.int64)
@@ -109,7 +157,18 @@ class PartitionTree:
         return out
 
     def membership(self, level: int) -> np.ndarray:
-        """Boolean (n_folders(level), n) matrix: folder f contains item i."""
+        """Membership matrix of the folders at `level`: folder f contains item i.
+
+        Parameters
+        ----------
+        level : int
+            The level, 0 the root.
+
+        Returns
+        -------
+        ndarray of shape (n_folders(level), n)
+            bool.
+        """
         lab = self.labels[level]
         return lab[None, :] == np.arange(self.n_folders(level))[:, None]
 
@@ -118,8 +177,16 @@ class PartitionTree:
         """All distinct folders over every level, as (membership, first_level, last_level).
 
         A folder with a single child is the same set as that child, so it is listed once,
-        with the span of levels it occupies. membership is a boolean (F, n) matrix, in
-        order of first level, then label.
+        with the span of levels it occupies. Folders are in order of first level, then label.
+
+        Returns
+        -------
+        membership : ndarray of shape (F, n)
+            bool: distinct folder f contains item i.
+        first_level : ndarray of shape (F,)
+            int, the first (coarsest) level each folder occupies.
+        last_level : ndarray of shape (F,)
+            int64, the last (finest) level each folder occupies.
         """
         mems, first, indices = [], [], []
         count = 0
@@ -148,7 +215,18 @@ class PartitionTree:
 
         w(F) = (|F| / n)^beta * 2^((1 - level) * alpha) with the root at level 1; a folder
         repeated on k levels contributes k times to the L1 distance, hence the sum.
-        Returns float64 (F,), in the order of `folders`.
+
+        Parameters
+        ----------
+        alpha : float, default 0.0
+            Exponent of the level factor.
+        beta : float, default 1.0
+            Exponent of the size factor.
+
+        Returns
+        -------
+        ndarray of shape (F,)
+            float64, in the order of `folders`.
         """
         mem, first, last = self.folders
         size = mem.sum(1) / self.n
@@ -170,7 +248,20 @@ class PartitionTree:
 
     # -- xarray round trip --------------------------------------------------------------
     def to_dataarray(self, name: str = "tree", item_coord=None):
-        """As an xarray DataArray with dims (level, item)."""
+        """As an xarray DataArray with dims (level, item).
+
+        Parameters
+        ----------
+        name : str, default "tree"
+            Name of the DataArray.
+        item_coord : array_like of shape (n,), optional
+            Coordinate of the item dim (None: none).
+
+        Returns
+        -------
+        xarray.DataArray of shape (n_levels, n)
+            The labels, dims (level, item), with coordinate `level` (0..n_levels-1).
+        """
         import xarray as xr
         coords = {"level": np.arange(self.n_levels)}
         if item_coord is not None:
@@ -179,6 +270,22 @@ class PartitionTree:
 
     @classmethod
     def from_dataarray(cls, da) -> "PartitionTree":
+        """The tree stored by `to_dataarray`.
+
+        Parameters
+        ----------
+        da : xarray.DataArray of shape (n_levels, n)
+            Labels with dims (level, item).
+
+        Returns
+        -------
+        PartitionTree
+
+        Raises
+        ------
+        ValueError
+            If the dims of `da` are not (level, item), or its labels are not a valid tree.
+        """
         if tuple(da.dims) != ("level", "item"):
             raise ValueError(f"tree DataArray {da.name!r}: expected dims (level, item), got {da.dims}")
         return cls(np.asarray(da.values))
@@ -186,14 +293,23 @@ class PartitionTree:
 
 @dataclass(frozen=True)
 class Organization:
-    """Trees and affinities of the three axes of a (query, key, head) tensor: what the
-    questionnaire (docs/method.md §5) gives and the organize stage stores. It lives here, beside
-    the trees, so that the stages that only read organized stores (the explorer's) load neither
-    torch nor the questionnaire; `oattn_lib.questionnaire.Organization` is the same class.
+    """Trees and affinities of the three axes of a (query, key, head) tensor.
 
-    tree_q, tree_k, tree_h : trees on n_query, n_key and n_head items.
-    affinity_q, affinity_k, affinity_h : float64 (n_query, n_query), (n_key, n_key),
-    (n_head, n_head), symmetric.
+    What the questionnaire (docs/method.md §5) gives and the organize stage stores. It lives
+    here, beside the trees, so that the stages that only read organized stores (the explorer's)
+    load neither torch nor the questionnaire; `oattn_lib.questionnaire.Organization` is the same
+    class.
+
+    Attributes
+    ----------
+    tree_q, tree_k, tree_h : PartitionTree
+        Trees on n_query, n_key and n_head items.
+    affinity_q : ndarray of shape (n_query, n_query)
+        float64, symmetric.
+    affinity_k : ndarray of shape (n_key, n_key)
+        float64, symmetric.
+    affinity_h : ndarray of shape (n_head, n_head)
+        float64, symmetric.
     """
 
     tree_q: PartitionTree
@@ -205,13 +321,28 @@ class Organization:
 
     @property
     def orders(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Organized leaf orders of query, key and head, int64 (n_query,), (n_key,), (n_head,):
-        ``X[oq][:, ok][:, :, oh]``."""
+        """Organized leaf orders of query, key and head: ``X[oq][:, ok][:, :, oh]``.
+
+        Returns
+        -------
+        oq, ok, oh : ndarray of shape (n_query,), (n_key,), (n_head,)
+            int64 permutations.
+        """
         return self.tree_q.order, self.tree_k.order, self.tree_h.order
 
     def organize(self, X):
-        """X (n_query, n_key, n_head), array or tensor, permuted into the organized order on all
-        three axes; same shape and kind."""
+        """X permuted into the organized order on all three axes.
+
+        Parameters
+        ----------
+        X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+            A tensor on the three axes.
+
+        Returns
+        -------
+        ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+            Same shape and kind as X (a tensor on X's device).
+        """
         oq, ok, oh = self.orders
         if is_tensor(X):
             import torch
@@ -232,7 +363,20 @@ def balanced_tree(order) -> PartitionTree:
     Each folder of m items (in the given order) splits into the first ceil(m/2) and the
     rest, until singletons. The tree's `order` equals `order`.
 
-    order : int array of shape (n,), a permutation of 0..n-1.
+    Parameters
+    ----------
+    order : array_like of shape (n,)
+        int, a permutation of 0..n-1.
+
+    Returns
+    -------
+    PartitionTree
+        A tree on n items.
+
+    Raises
+    ------
+    ValueError
+        If `order` is not a non-empty 1-D permutation of 0..n-1.
     """
     order = np.asarray(order)
     if order.ndim != 1 or order.size == 0:
@@ -256,8 +400,22 @@ def balanced_tree(order) -> PartitionTree:
 
 
 def random_tree(n: int, rng: np.random.Generator) -> PartitionTree:
-    """Balanced binary tree over a random order of n items (`rng.permutation(n)`): the null
-    model of organization."""
+    """Balanced binary tree over a random order of n items: the null model of organization.
+
+    The order is `rng.permutation(n)`; the tree is `balanced_tree` of it.
+
+    Parameters
+    ----------
+    n : int
+        Number of items.
+    rng : numpy.random.Generator
+        The random state.
+
+    Returns
+    -------
+    PartitionTree
+        A tree on n items.
+    """
     return balanced_tree(rng.permutation(n))
 
 
@@ -451,11 +609,27 @@ def _runs(v: np.ndarray, tol: float, breaks: np.ndarray | None = None) -> np.nda
 
 
 def tie_order(values: np.ndarray, tol: float = TIE_TOLERANCE, secondary=None) -> np.ndarray:
-    """argsort of nonnegative `values` along the last axis, in which a value within a relative
-    `tol` of the one before it in sorted order ranks with it: an exact tie, moved by a rounding
-    error, keeps its order. Such runs of near-equal values rank by the nonnegative `secondary`
-    (same shape, or a function that returns it, called only where there is a tie; its own
-    near-equal values again within `tol`), then by index."""
+    """argsort of nonnegative `values` along the last axis, near-equal values ranked together.
+
+    A value within a relative `tol` of the one before it in sorted order ranks with it: an exact
+    tie, moved by a rounding error, keeps its order. Such runs of near-equal values rank by the
+    nonnegative `secondary` (its own near-equal values again within `tol`), then by index.
+
+    Parameters
+    ----------
+    values : ndarray of shape (..., m)
+        Nonnegative values, ranked along the last axis (a 1-D input is one row).
+    tol : float, default TIE_TOLERANCE
+        Relative gap within which values count as equal.
+    secondary : ndarray of shape (..., m) or callable, optional
+        Nonnegative, the same shape as `values`, or a function that returns it, called only
+        where there is a tie.
+
+    Returns
+    -------
+    ndarray of shape (..., m)
+        int, the indices that sort each row.
+    """
     values = np.asarray(values)
     order = np.argsort(values, axis=-1, kind="stable")
     run = _runs(np.take_along_axis(values, order, axis=-1), tol)
@@ -488,13 +662,29 @@ a node that tries more gets its whole order then. A full sort of every row was m
 
 
 def tie_order_prefix(values: np.ndarray, k: int, secondary=None) -> tuple[np.ndarray, np.ndarray]:
-    """The first `k` columns of `tie_order(values, secondary=secondary)` for a 2-D `values`
-    (rows, m), without sorting whole rows: (prefix (rows, k), complete (rows,) bool).
+    """The first `k` columns of `tie_order(values, secondary=secondary)`, without sorting whole rows.
 
     Each row's 2k smallest values are found by partition and ranked as `tie_order` ranks them.
     The prefix is the full order's where the run of near-equal values at position k - 1 ends
     before the last of those 2k (runs are consecutive in sorted order, so none of its members
-    is left out); `complete` is False on the other rows, whose prefix is not to be used."""
+    is left out); `complete` is False on the other rows, whose prefix is not to be used.
+
+    Parameters
+    ----------
+    values : ndarray of shape (rows, m)
+        Nonnegative values, ranked along the last axis.
+    k : int
+        Number of leading columns wanted.
+    secondary : ndarray of shape (rows, m) or callable, optional
+        As `tie_order`'s.
+
+    Returns
+    -------
+    prefix : ndarray of shape (rows, k)
+        int, the first k columns of each row's order.
+    complete : ndarray of shape (rows,)
+        bool, whether each row's prefix is the full order's.
+    """
     values = np.asarray(values)
     n_rows, m = values.shape
     if 2 * k >= m:
@@ -609,7 +799,28 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
     leaves, which makes the leaf order smooth. The construction is deterministic (no
     randomness is used; `seed` is accepted for API stability).
 
-    affinity : float array of shape (n, n), symmetric and nonnegative.
+    Parameters
+    ----------
+    affinity : ndarray or torch.Tensor of shape (n, n)
+        float, symmetric and nonnegative.
+    constant : float, default 1.0
+        The greedy merge's constant (docs/method.md §2.3: the penalty is the median distance
+        divided by it), positive.
+    n_eigs : int, default 12
+        Number of diffusion eigenpairs computed (at most n).
+    seed : int, default 0
+        Unused: accepted for API stability.
+
+    Returns
+    -------
+    PartitionTree
+        A tree on the n items.
+
+    Raises
+    ------
+    ValueError
+        If `affinity` is not a square, symmetric, nonnegative, finite matrix with at least one
+        item, or `constant` is not positive.
     """
     a = check_affinity(affinity, "affinity")
     if constant <= 0:
@@ -656,13 +867,30 @@ def flexible_tree(affinity, constant: float = 1.0, n_eigs: int = 12, seed: int =
 
 
 def level_agreement(tree: PartitionTree, labels) -> np.ndarray:
-    """Adjusted Rand index between the folders of each level of `tree` and a labelling of its
-    items (say, each head's layer): (n_levels,), level 0 (the root) first.
+    """Adjusted Rand index between the folders of each level of `tree` and a labelling of its items.
 
     1 where a level's folders are exactly the label classes, about 0 where they are no closer
     to them than a random partition with the same folder sizes (negative: further). The root
     scores 0 against any labelling with more than one class, and so do the leaves (singletons)
-    against any labelling with a class of two items or more."""
+    against any labelling with a class of two items or more.
+
+    Parameters
+    ----------
+    tree : PartitionTree
+        A tree on n items.
+    labels : array_like of shape (n,)
+        A label per item (say, each head's layer).
+
+    Returns
+    -------
+    ndarray of shape (n_levels,)
+        float64, level 0 (the root) first.
+
+    Raises
+    ------
+    ValueError
+        If `labels` does not have shape (n,).
+    """
     lab = np.asarray(labels)
     if lab.shape != (tree.n,):
         raise ValueError(f"labels: expected one label per item, shape ({tree.n},), got {lab.shape}")
@@ -670,14 +898,26 @@ def level_agreement(tree: PartitionTree, labels) -> np.ndarray:
 
 
 def adjusted_rand_index(labels, partitions) -> np.ndarray:
-    """Adjusted Rand index (Hubert and Arabie, 1985) between one labelling of n items, (n,), and
-    each row of `partitions`, (k, n): (k,) float64, all rows at once.
+    """Adjusted Rand index (Hubert and Arabie, 1985) between one labelling of n items and each row of `partitions`.
 
-    From the pair counts in exact integers: of the n(n-1)/2 pairs of items, `same` are together
-    in both, `only_l` in the labelling alone, `only_p` in the partition alone, `apart` in neither;
-    ARI = 2 (same apart - only_l only_p) / ((same + only_l)(only_l + apart) + (same + only_p)
-    (only_p + apart)), and 1 where the two agree on every pair (no pair in only one of them:
-    both one class, or both all singletons)."""
+    All rows at once, from the pair counts in exact integers: of the n(n-1)/2 pairs of items,
+    `same` are together in both, `only_l` in the labelling alone, `only_p` in the partition alone,
+    `apart` in neither; ARI = 2 (same apart - only_l only_p) / ((same + only_l)(only_l + apart) +
+    (same + only_p)(only_p + apart)), and 1 where the two agree on every pair (no pair in only one
+    of them: both one class, or both all singletons).
+
+    Parameters
+    ----------
+    labels : array_like of shape (n,)
+        The labelling.
+    partitions : array_like of shape (k, n)
+        One partition of the n items per row, by label.
+
+    Returns
+    -------
+    ndarray of shape (k,)
+        float64, one index per row of `partitions`.
+    """
     lab = np.unique(np.asarray(labels), return_inverse=True)[1].reshape(-1)
     n = lab.size
     part = np.unique(np.asarray(partitions), return_inverse=True)[1].reshape(-1, n)
@@ -703,9 +943,36 @@ def adjusted_rand_index(labels, partitions) -> np.ndarray:
 
 
 def architecture_agreement(tree: PartitionTree, unit_layer, unit_head, unit_kv_group=None):
-    """`level_agreement` of a head tree against the heads' layers, and against their key/value
-    heads ((layer, kv_group) pairs) in a grouped-query model: one with fewer key/value groups
-    than heads; NaN otherwise (no groups, or a group per head). Two (n_levels,) arrays."""
+    """`level_agreement` of a head tree against the heads' layers and key/value heads.
+
+    Against the layers, and against the key/value heads ((layer, kv_group) pairs) in a
+    grouped-query model: one with fewer key/value groups than heads; NaN otherwise (no groups,
+    or a group per head).
+
+    Parameters
+    ----------
+    tree : PartitionTree
+        A tree on n heads.
+    unit_layer : array_like of shape (n,)
+        int, each head's layer.
+    unit_head : array_like of shape (n,)
+        Each head's query-head index; only its number of distinct values is used (against
+        `unit_kv_group`'s).
+    unit_kv_group : array_like of shape (n,), optional
+        int, each head's key/value group (None: no groups).
+
+    Returns
+    -------
+    by_layer : ndarray of shape (n_levels,)
+        `level_agreement` against the layers.
+    by_kv_head : ndarray of shape (n_levels,)
+        `level_agreement` against the (layer, kv_group) pairs, or all NaN.
+
+    Raises
+    ------
+    ValueError
+        If `unit_layer` (or `unit_kv_group`) does not have one entry per item of `tree`.
+    """
     layer = np.asarray(unit_layer, dtype=np.int64)
     by_layer = level_agreement(tree, layer)
     if unit_kv_group is None:
@@ -717,9 +984,28 @@ def architecture_agreement(tree: PartitionTree, unit_layer, unit_head, unit_kv_g
 
 
 def padded_labels(trees: list[PartitionTree], n: int) -> np.ndarray:
-    """The labels of trees of n items and of different depths in one (tree, level, item) int64
-    array, the shallower ones padded with rows of -1 (a store variable; `from_padded` reads one
-    back). No trees: shape (0, 1, n)."""
+    """The labels of trees of n items and of different depths in one (tree, level, item) array.
+
+    The shallower ones are padded with rows of -1 (a store variable; `from_padded` reads one
+    back).
+
+    Parameters
+    ----------
+    trees : list of PartitionTree
+        Trees on n items each.
+    n : int
+        Number of items.
+
+    Returns
+    -------
+    ndarray of shape (n_trees, n_levels, n)
+        int64, n_levels the deepest tree's number of levels. No trees: shape (0, 1, n).
+
+    Raises
+    ------
+    ValueError
+        If a tree does not have n items.
+    """
     for t in trees:
         if t.n != n:
             raise ValueError(f"trees: a tree of {t.n} items among trees of {n}")
@@ -730,6 +1016,21 @@ def padded_labels(trees: list[PartitionTree], n: int) -> np.ndarray:
 
 
 def from_padded(labels: np.ndarray) -> PartitionTree:
-    """The tree of one (level, item) slice of `padded_labels` (its rows of -1 dropped)."""
+    """The tree of one (level, item) slice of `padded_labels` (its rows of -1 dropped).
+
+    Parameters
+    ----------
+    labels : ndarray of shape (n_levels, n)
+        int, one tree's slice of `padded_labels`.
+
+    Returns
+    -------
+    PartitionTree
+
+    Raises
+    ------
+    ValueError
+        If the rows that are not padding are not a valid tree (see `PartitionTree`).
+    """
     labels = np.asarray(labels)
     return PartitionTree(labels[labels[:, 0] >= 0])
