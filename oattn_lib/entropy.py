@@ -369,8 +369,7 @@ _SLAB = 1 << 20
 def l1_norm(c: np.ndarray | torch.Tensor) -> float:
     """sum |c| in float64, a slab at a time.
 
-    `c.abs().double()` would hold two more copies of c: 3.4 GB for the tri-Haar coefficients
-    of 270 heads at 1024 tokens.
+    `c.abs().double()` would hold two more copies of c, the second twice its size.
 
     Parameters
     ----------

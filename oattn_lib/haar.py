@@ -209,12 +209,11 @@ def trihaar(X, tree_q: PartitionTree, tree_k: PartitionTree, tree_h: PartitionTr
         Tree on the n_head heads.
     overwrite : bool, default False
         The coefficients are written over X itself where X is a contiguous float tensor or
-        array (no memory beyond it: at 1024 tokens x 270 heads a copy is 1.1 GB); X is lost.
+        array (no memory beyond it: a copy is as large as X); X is lost.
     out : ndarray or torch.Tensor of shape (n_query, n_key, n_head), optional
         A contiguous tensor of X's shape, dtype and device (or a numpy array on the CPU) that
         receives the coefficients instead, and is returned: a buffer reused from call to call
-        (fresh memory costs more than the sweeps that fill it: 2-3 s of page faults for 1.1 GB
-        here).
+        (fresh memory of this size costs more in page faults than the sweeps that fill it).
 
     Returns
     -------
