@@ -53,8 +53,8 @@ from pathlib import Path
 
 from ._cachedir import user_cache_dir
 
-__all__ = ["library_root", "module_closure", "declared_assets", "code_fingerprint", "modules_fingerprint",
-           "code_version", "snakemake_internals_problems", "SnakemakeInternalsError"]
+__all__ = ["library_root", "library_beside", "workflow_file", "module_closure", "declared_assets",
+           "code_fingerprint", "modules_fingerprint", "code_version", "snakemake_internals_problems", "SnakemakeInternalsError"]
 
 PACKAGE = "oattn_lib"
 PROVENANCE = frozenset({"__version__"})
@@ -66,6 +66,25 @@ importing one from a package counts the package's own code, not its lazy exports
 def library_root() -> Path:
     """The directory holding the `oattn_lib` package."""
     return Path(__file__).resolve().parent.parent
+
+
+def library_beside(directory: str | os.PathLike | None) -> str | None:
+    """`directory` (the workflow's Snakefile's, None for a remote module) where it holds an
+    `oattn_lib` package: a clone, or a copy of the project, fingerprints its own library; None
+    otherwise, the installed library's (`library_root`)."""
+    if directory is None or not os.path.isdir(os.path.join(directory, PACKAGE)):
+        return None
+    return str(directory)
+
+
+def workflow_file(workflow, home, relative: str) -> str:
+    """A file of the workflow's own as a local path, `relative` to `home`, the directory of the
+    workflow's Snakefile as Snakemake gives it (`workflow.current_basedir` while the Snakefile
+    is parsed): the file itself, or the source cache's copy of a remote module's (a `github()`
+    Snakefile), never a path under the directory the user runs from."""
+    if home.is_local:
+        return os.path.join(home.get_path_or_uri(secret_free=False), relative)
+    return workflow.sourcecache.get_path(home.join(relative))
 
 
 class LibrarySnapshot:

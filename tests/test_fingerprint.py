@@ -395,3 +395,21 @@ def test_fingerprints_kept_between_processes_are_the_ones_computed(project, tmp_
     assert with_new == _fingerprints_in_a_process(project, tmp_path / "empty-cache")
     memo.write_text("{not json")
     assert _fingerprints_in_a_process(project, cache) == with_new
+
+
+def test_a_workflows_own_files_and_library_are_found_from_its_snakefile(tmp_path):
+    """Used as a module, the workflow's scripts are read beside its own Snakefile (a local one), or
+    from the source cache's copy (a remote one), never from the user's directory; its library is
+    the one beside it where there is one, else the installed one."""
+    from oattn_lib.fingerprint import library_beside, workflow_file
+
+    local = SimpleNamespace(is_local=True, get_path_or_uri=lambda secret_free: str(tmp_path))
+    assert workflow_file(None, local, "scripts/organize.py") == str(tmp_path / "scripts" / "organize.py")
+    asked = []
+    remote = SimpleNamespace(is_local=False, join=lambda rel: ("github", rel))
+    cache = SimpleNamespace(sourcecache=SimpleNamespace(get_path=lambda f: asked.append(f) or "/cache/organize.py"))
+    assert workflow_file(cache, remote, "scripts/organize.py") == "/cache/organize.py"
+    assert asked == [("github", "scripts/organize.py")]
+    assert library_beside(None) is None and library_beside(tmp_path) is None
+    (tmp_path / "oattn_lib").mkdir()
+    assert library_beside(tmp_path) == str(tmp_path)

@@ -260,17 +260,8 @@ ORGANIZE2D = {
 
 
 # -- code fingerprints -------------------------------------------------------------------
-# the library beside the workflow's Snakefile (OATTN_LOCAL, the Snakefile's): a clone, or a
-# copy of the project, fingerprints its own code; a remote module, the installed library's
-LIBRARY_ROOT = OATTN_LOCAL if OATTN_LOCAL and os.path.isdir(os.path.join(OATTN_LOCAL, "oattn_lib")) else None
-
-
-def workflow_file(relative):
-    """A file of the workflow's own (relative to its root, the Snakefile's directory) as a local
-    path: the file itself, or the source cache's copy of a remote module's."""
-    if OATTN_LOCAL:
-        return os.path.join(OATTN_LOCAL, relative)
-    return workflow.sourcecache.get_path(OATTN_HOME.join(relative))
+# the library beside the workflow's Snakefile (a clone's, a copy's), else the installed one
+LIBRARY_ROOT = fingerprint.library_beside(OATTN_LOCAL)
 
 
 def code_version(rule_name, script=None, modules=None):
@@ -279,7 +270,7 @@ def code_version(rule_name, script=None, modules=None):
     editing oattn_lib/questionnaire.py reruns organize and what follows, and never training
     (oattn_lib.fingerprint.code_version)."""
     script = script or rule_name
-    path = None if modules is not None else workflow_file(f"scripts/{script}.py")
+    path = None if modules is not None else fingerprint.workflow_file(workflow, OATTN_HOME, f"scripts/{script}.py")
     return fingerprint.code_version(workflow, rule_name, script, script=path, modules=modules, root=LIBRARY_ROOT)
 
 
