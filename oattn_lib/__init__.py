@@ -5,7 +5,9 @@ The numerical core follows docs/method.md, one module per section: `trees` (§2)
 `diffusion` (§8). Models, data and extraction live in `models`, `data`, `extract`;
 zarr storage in `store`; figures in `plots`.
 
-The Python API (`api`), on labelled xarray objects, is exported here and imported on first
+`analyze(model, prompts)` (`analysis`) runs the workflow's whole analysis of one model on a
+user's prompts and returns its tables, claims, a head drawn inline and the explorer page. The
+Python API (`api`), on labelled xarray objects, is exported here and imported on first
 use (PEP 562), so `import oattn_lib` imports neither torch nor transformers:
 `extract` (attention of a Hugging Face model on prompts), `organize` (the 3-D
 questionnaire), `entropies` (Haar entropies and sparsity), `paraproduct_residual`
@@ -19,5 +21,6 @@ from ._lazy import lazy_exports
 
 __version__ = "0.5.0"  # written here only: pyproject.toml reads it; CITATION.cff, CHANGELOG.md agree
 
-_EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page")}
+_EXPORTS = {"api": ("extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page"),
+            "analysis": ("analyze", "Analysis")}
 __all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -539,7 +539,7 @@ def explorer_page(attention, organization, path, *, model: str | None = None, fi
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="oattn-explorer-") as tmp:
         t = Path(tmp)
-        att = [write_store(_as_store(s, i), t / f"attention{i}.zarr") / "zarr.json" for i, s in enumerate(samples)]
+        att = [write_store(as_attention_store(s, i), t / f"attention{i}.zarr") / "zarr.json" for i, s in enumerate(samples)]
         org = [write_store(o, t / f"organized{i}.zarr") / "zarr.json" for i, o in enumerate(orgs)]
         dec = [t / f"decomposed{i}.zarr" / "zarr.json" for i in range(len(samples))]
         decompose_samples(att, org, dec, quantity, figure_heads=figure_heads,
@@ -654,7 +654,7 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
             n_u = sample.sizes["layer"] * sample.sizes["head"]
             k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), n_q * n_k, "head_top_k")
             k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), n_q * n_k * n_u, "network_top_k")
-            att = write_store(_as_store(sample, i), t / f"attention{i}.zarr") / "zarr.json"
+            att = write_store(as_attention_store(sample, i), t / f"attention{i}.zarr") / "zarr.json"
             orgp = write_store(org, t / f"organized{i}.zarr") / "zarr.json"
             dec = t / f"decomposed{i}.zarr" / "zarr.json"
             decompose_samples([att], [orgp], [dec], quantity, figure_heads=figure_heads,
@@ -668,7 +668,7 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
     return ds
 
 
-def _as_store(ds: xr.Dataset, index: int) -> xr.Dataset:
+def as_attention_store(ds: xr.Dataset, index: int) -> xr.Dataset:
     """An `extract` Dataset as an attention store holds it: the token strings as the `token_text`
     attribute (JSON), the sample's index as `sample`."""
     out = ds.drop_vars("token_text", errors="ignore")

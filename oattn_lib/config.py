@@ -21,7 +21,7 @@ __all__ = ["ConfigError", "SCHEMA", "batch_jobs", "rule_stage", "validate_config
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
            "softmax_free_bases", "stability_samples", "explorer_parts",
            "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES",
-           "plan_problem"]
+           "plan_problem", "section_settings"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -189,6 +189,45 @@ def defaults_validator(schema: dict):
 
 
 _SCHEMAS: dict[tuple, dict] = {}
+
+
+def section_settings(section: str, given: dict | None = None, schema_path=SCHEMA) -> dict:
+    """One section of the config (`organize`, or a model's `$defs/stability`), `given` over the
+    schema's defaults and validated as the workflow validates it: the settings a library call
+    takes where the workflow takes its config, from the one schema.
+
+    Parameters
+    ----------
+    section : str
+        A top-level key of the schema, or "$defs/<name>" for a section of a model's entry.
+    given : dict, optional
+        The keys set; the others take their defaults.
+
+    Returns
+    -------
+    dict
+        Every key of the section.
+
+    Raises
+    ------
+    ConfigError
+        One line naming `<section>.<key>` and what is allowed.
+    """
+    import jsonschema
+
+    schema = load_schema(schema_path)
+    label = section.split("/")[-1]
+    node = schema["$defs"][label] if section.startswith("$defs/") else schema["properties"][section]
+    if given is not None and not isinstance(given, dict):
+        raise ConfigError(f"{label}: expected a mapping of its keys, got {type(given).__name__}")
+    value = copy.deepcopy(dict(given or {}))
+    coerce_config(value, node)
+    try:
+        defaults_validator({**node, "$defs": schema.get("$defs", {})}).validate(value)
+    except jsonschema.ValidationError as err:
+        line = _one_line(err)
+        raise ConfigError(f"{label}.{line}" if not line.startswith("config:") else f"{label}:{line[7:]}") from None
+    return value
 
 
 def load_schema(schema_path) -> dict:

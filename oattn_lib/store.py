@@ -27,7 +27,7 @@ from ._arrays import all_finite_array
 
 __all__ = ["StoreError", "atomic_output", "atomic_path", "store_path", "write_store", "read_store",
            "load_variable", "provenance_attrs", "software_attrs", "code_commit", "git_commit",
-           "file_sha256", "atomic_write_text", "save_npz", "save_json",
+           "file_sha256", "atomic_write_text", "atomic_write_parquet", "save_npz", "save_json",
            "load_npz"]
 
 
@@ -295,6 +295,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write a text file atomically."""
     with atomic_output(path) as tmp:
         tmp.write_text(text)
+    return Path(path)
+
+
+def atomic_write_parquet(df, path: str | os.PathLike) -> Path:
+    """Write a pandas DataFrame as a parquet file atomically (pyarrow, without its index)."""
+    with atomic_output(path) as tmp:
+        df.to_parquet(tmp, index=False, engine="pyarrow")
     return Path(path)
 
 

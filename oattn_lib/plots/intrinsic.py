@@ -19,7 +19,8 @@ from .style import (
     sym_clim,
 )
 
-__all__ = ["fig1_organized_head", "fig2_paraproduct", "fig_temperature", "fig_not_run"]
+__all__ = ["fig1_organized_head", "fig2_paraproduct", "fig_temperature", "fig_not_run", "head_view",
+           "folder_boundaries"]
 
 
 def _fmt(x: float) -> str:
@@ -48,6 +49,106 @@ def fig1_organized_head(original, organized, title: str = "", *,
              "key (organized order)", "query (organized order)")
     fig.colorbar(im, ax=axes, shrink=0.85, label=value_label,
                  extend="max" if clim[1] < max(original.max(), organized.max()) else "neither")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+# -- one head in a notebook ---------------------------------------------------------
+def folder_boundaries(labels: np.ndarray, order: np.ndarray, levels: int = 3) -> list[np.ndarray]:
+    """Where the folders of a partition tree's coarsest levels meet, in its leaf order.
+
+    Parameters
+    ----------
+    labels : ndarray of int, shape (n_levels, n)
+        The tree's folder labels per level, the root first (docs/method.md §2.1).
+    order : ndarray of int, shape (n,)
+        The tree's leaf order: order[p] is the item at position p.
+    levels : int
+        How many levels with more than one folder are given, the coarsest first.
+
+    Returns
+    -------
+    list of ndarray of int
+        Per level, the positions p (1..n-1) where a new folder starts.
+    """
+    out = []
+    for row in np.asarray(labels)[:, np.asarray(order)]:
+        cut = np.flatnonzero(row[1:] != row[:-1]) + 1
+        if cut.size and (not out or not np.array_equal(cut, out[-1])):
+            out.append(cut)
+        if len(out) == levels:
+            break
+    return out
+
+
+def _token_ticks(ax, axis: str, labels: list[str], max_labels: int) -> None:
+    n = len(labels)
+    step = max(1, -(-n // max_labels))
+    at = np.arange(0, n, step)
+    getattr(ax, f"set_{axis}ticks")(at)
+    getattr(ax, f"set_{axis}ticklabels")([labels[i] for i in at], fontsize=7 if n > 24 else 8,
+                                          rotation=90 if axis == "x" else 0)
+
+
+@styled
+def head_view(head, tree_q, tree_k, tokens, *, residual=None, note: str = "", title: str = "",
+              value_label: str = "attention", max_labels: int = 48) -> Figure:
+    """One head as the model computed it, the same head in the network's organized order with
+    the coarse folders of its query and key trees drawn, and its paraproduct residual
+    (docs/method.md §5, §7), with the tokens as labels.
+
+    Parameters
+    ----------
+    head : ndarray of shape (n_query, n_key)
+    tree_q, tree_k : ndarray of int, shape (n_levels, n_query) and (n_levels, n_key)
+        The network's query and key trees (folder labels per level, the root first).
+    tokens : list of str
+        Each position's token as shown.
+    residual : tuple, optional
+        (residual (n_query, n_key) in its own organized order, the row order, the column
+        order, the relative residual organized, in the original order); None draws `note`.
+    note : str
+        Why there is no residual panel.
+    max_labels : int
+        Up to this many tokens are written per axis; more are thinned.
+    """
+    from ..trees import PartitionTree
+
+    head = as_array(head, "head", 2)
+    tq, tk = np.asarray(tree_q), np.asarray(tree_k)
+    if tq.shape[-1] != head.shape[0] or tk.shape[-1] != head.shape[1]:
+        raise ValueError(f"tree_q, tree_k: order {tq.shape[-1]} x {tk.shape[-1]} items, the head is {head.shape}")
+    if len(tokens) < max(head.shape):
+        raise ValueError(f"tokens: {len(tokens)} labels for a head of {head.shape}")
+    oq, ok = PartitionTree(tq).order, PartitionTree(tk).order
+    organized = head[np.ix_(oq, ok)]
+    clim = seq_clim(head, organized, robust=True)
+    fig = new_figure(18, 6.4)
+    axes = fig.subplots(1, 3)
+    im = heatmap(axes[0], head, clim, SEQUENTIAL, "as computed", "key", "query")
+    heatmap(axes[1], organized, clim, SEQUENTIAL, "organized (network's trees)", "key", "query")
+    for ax, rows, cols in ((axes[0], np.arange(head.shape[0]), np.arange(head.shape[1])), (axes[1], oq, ok)):
+        _token_ticks(ax, "y", [tokens[i] for i in rows], max_labels)
+        _token_ticks(ax, "x", [tokens[i] for i in cols], max_labels)
+    for width, (bq, bk) in zip((1.6, 0.9, 0.5), zip(folder_boundaries(tq, oq), folder_boundaries(tk, ok))):
+        for b in bq:
+            axes[1].axhline(b - 0.5, color="white", lw=width)
+        for b in bk:
+            axes[1].axvline(b - 0.5, color="white", lw=width)
+    fig.colorbar(im, ax=axes[:2], shrink=0.8, label=value_label,
+                 extend="max" if clim[1] < max(head.max(), organized.max()) else "neither")
+    if residual is None:
+        axes[2].axis("off")
+        axes[2].text(0.5, 0.5, note, ha="center", va="center", wrap=True, transform=axes[2].transAxes)
+    else:
+        res, rows, cols, rel, rel_u = residual
+        im_r = heatmap(axes[2], np.asarray(res), sym_clim(np.asarray(res)), DIVERGING,
+                       f"paraproduct residual (own 2-D organization)\nrelative {_fmt(rel)}; "
+                       f"in the original order {_fmt(rel_u)}", "key", "query")
+        _token_ticks(axes[2], "y", [tokens[int(i)] for i in rows], max_labels)
+        _token_ticks(axes[2], "x", [tokens[int(i)] for i in cols], max_labels)
+        fig.colorbar(im_r, ax=axes[2], shrink=0.8, label="softmax − approximation")
     if title:
         fig.suptitle(title)
     return fig

@@ -29,8 +29,8 @@ from ..temperature import crossover_counts
 
 log = logging.getLogger("oattn")
 
-__all__ = ["ModelData", "Settings", "head_crossover_text", "load_model_data", "made_by", "model_rows", "prune_not_run",
-           "replicate_data", "residual_table", "subset", "summary"]
+__all__ = ["ModelData", "PROMPT_KEYS", "Settings", "head_crossover_text", "load_model_data", "made_by", "model_rows",
+           "prompt_claims", "prune_not_run", "replicate_data", "residual_table", "subset", "summary"]
 
 LOWEST_FIRST, RANDOM = "Haar entropy, lowest first", "random"
 """Table 3's names of the ranking the paper proposes and of the random orders."""
@@ -451,6 +451,61 @@ def _replication(final: list, multipliers: dict, datas: dict, settings: Settings
                 other = "not run (claims.both_masked: false)"
         out.append(replace(c, split_half=half, numerically_robust=robust, masked_rule=rule, other_masked_rule=other))
     return out
+
+
+PROMPT_KEYS = ("sparsity", "recurrence", "top_recurrence", "table2", "diffusion")
+"""The claims a set of prompts decides on one model alone, with no training, pruning or every-head
+Theorem 1 run (`prompt_claims`)."""
+
+
+def prompt_claims(name: str, kind: str, entropy_store, table1_csv, decomposed_stores: list, *,
+                  fraction: float = 0.1, claims: dict | None = None, stability_store=None) -> pd.DataFrame:
+    """The claims table's rows (docs/method.md §13) that one model's samples decide alone
+    (`PROMPT_KEYS`), Holm-corrected among themselves, with their split-half replication and,
+    given the model's stability store, their numerical replication: what `oattn_lib.analyze`
+    reports for a user's prompts. The same rows as the workflow's claims table on the same
+    stores, except that the workflow corrects over every row of every model, so its corrected
+    p-values are larger or equal.
+
+    Parameters
+    ----------
+    name, kind : str
+        The model's name and kind ("hf", "attention", ...).
+    entropy_store, table1_csv, decomposed_stores : paths
+        The model's entropy store, Table 1 and decomposed stores (one per sample).
+    fraction : float
+        Table 1's fraction.
+    claims : dict, optional
+        The config's `claims` section (bootstrap, permutations, null_draws, seed).
+    stability_store : path, optional
+        The model's stability store.
+
+    Returns
+    -------
+    pandas.DataFrame
+        `claims.COLUMNS`, one row per test and a summary row per claim with several baselines.
+    """
+    c = dict(claims or {})
+    settings = Settings(fraction=fraction, bootstrap=int(c.get("bootstrap", 2000)),
+                        permutations=int(c.get("permutations", 9999)), null_draws=int(c.get("null_draws", 99)),
+                        seed=int(c.get("seed", 0)))
+    m = _entropy_measures(entropy_store)
+    t1 = pd.read_csv(table1_csv)
+    counts = {which: [((int(r.layer), int(r.head)), int(str(r.count).split("/")[0]))
+                      for r in t1[t1["set"] == which].sort_values("rank").itertuples()] for which in ("bottom", "top")}
+    clusters, diff_not_run = _clusters(list(decomposed_stores), settings, name)
+    why = "not measured on prompts alone"
+    d = ModelData(name=name, kind=kind, samples=m["samples"], entropy=m["entropy"], amplitude=m["amplitude"],
+                  sparsity=m["sparsity"], random=m["random"], natural=m["natural"],
+                  network_entropy=m["network_entropy"], scale_free=m["scale_free"], counts=counts, residuals=None,
+                  para_not_run=why, theorem1_not_run=why, clusters=clusters, diffusion_not_run=diff_not_run,
+                  prune=None, prune_not_run=why, masked_rule=m["masked_rule"])
+    rows = model_rows(d, settings, PROMPT_KEYS)
+    order = list(CLAIMS)
+    rows.sort(key=lambda r: order.index(r.key))
+    final, multipliers = finalize(rows)
+    final = _replication(final, multipliers, {name: d}, settings, {}, {name: stability_store})
+    return pd.DataFrame(claims_records(final))
 
 
 def _other_rule(rule: str) -> str:

@@ -462,6 +462,7 @@ def all_targets():
     out = [f"{R}/summary.md", f"{R}/explorer.html"]
     for name in MODELS:
         out += [f"{R}/{name}/figures/{f}.png" for f in FIGURES]
+        out += [f"{R}/{name}/heads.parquet"]
         if name in PRUNED:
             out += [f"{R}/{name}/figures/fig7.png", f"{R}/{name}/tables/table3.md", f"{R}/{name}/tables/table4.md"]
     # the softmax-free experiment (softmax_free.smk): when enabled, and once it has been run,

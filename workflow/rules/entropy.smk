@@ -1,6 +1,6 @@
 # Haar entropies and sparsity of every head and network, all samples of a model (docs/method.md §6).
 # entropy: every analysed model, the softmax-free runs included (ANALYSED_MODEL, common.smk);
-# tables: the config's models only.
+# tables, heads: the config's models only.
 
 
 rule entropy:
@@ -56,3 +56,27 @@ rule tables:
         code=code_version("tables"),
     script:
         "../../scripts/tables.py"
+
+
+# every head's measures per sample, and per head across samples with their intervals, as parquet
+# (oattn_lib.heads; the notebook's analyze(...).heads is the same table)
+rule heads:
+    input:
+        entropy=ENTROPY,
+        decomposed=decomposed_stores,
+        stability=lambda wildcards: [STABILITY.format(model=wildcards.model)] if wildcards.model in STABLE else [],
+    output:
+        rows=f"{R}/{{model}}/heads.parquet",
+        summary=f"{R}/{{model}}/heads_summary.parquet",
+    log:
+        f"{R}/logs/{{model}}/heads.log",
+    conda:
+        "../../envs/oattn.yaml"
+    threads: 1
+    params:
+        fraction=config["entropy"]["fraction"],
+        bootstrap=config["claims"]["bootstrap"],
+        seed=config["claims"]["seed"],
+        code=code_version("heads"),
+    script:
+        "../../scripts/heads.py"
