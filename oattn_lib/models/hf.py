@@ -23,6 +23,11 @@ eager attention; for them `hf_attention` returns the probabilities from
 `output_attentions` and `scores=None` (the scores cannot be recovered from the
 probabilities, since softmax forgets a per-row constant).
 
+A model loaded elsewhere (`from_pretrained(..., attn_implementation="sdpa")`, a model built
+from a config) is recorded inside `recording_installed(model)`, which switches it to the
+recording attention with transformers' `set_attn_implementation` and gives it back its own
+implementation on leaving.
+
 Decoders (causal LMs; docs/method.md §9.4, §9.5). `probs` are the model's masked softmax: entries above the
 diagonal, or outside a sliding window (Mistral, the local layers of Gemma 2), are exactly
 0, as are padded keys. `scores` are (q k^T) * scaling, soft-capped where the model caps
@@ -81,6 +86,7 @@ from .files import is_offline, minilm_path, resolve_hf
 
 __all__ = ["ATTN_IMPLEMENTATION", "AttentionRecord", "LayerAttention", "record_attention", "kv_groups",
            "recording_attention_forward", "register_recording_attention", "supports_attention_interface",
+           "recording_installed",
            "COMPUTE_DTYPES", "compute_dtype", "model_devices", "gguf_parsed_once", "gguf_parses", "load_hf", "attn_implementation", "hf_encode",
            "hf_attention", "hf_attention_stream", "STACKS", "hf_seq2seq_encode",
            "hf_seq2seq_attention", "hf_embeddings", "minilm_path"]
@@ -257,6 +263,77 @@ def supports_attention_interface(model_or_class) -> bool:
         return bool(can_set()) if can_set is not None else False
     except Exception:  # a heuristic on the source; unreadable source means no
         return False
+
+
+def _attention_configs(model) -> dict[int, object]:
+    """id -> config of every config whose `_attn_implementation` decides how part of `model` attends:
+    the model's own, its sub-configs at any depth (a composite model's text and vision towers) and
+    the config of every transformers sub-model, as `set_attn_implementation` visits them."""
+    from transformers import PreTrainedModel
+
+    found: dict[int, object] = {}
+    todo = [model.config] + [m.config for m in model.modules() if isinstance(m, PreTrainedModel)]
+    while todo:
+        config = todo.pop()
+        if id(config) in found:
+            continue
+        found[id(config)] = config
+        todo += [sub for key in getattr(config, "sub_configs", {}) if (sub := getattr(config, key, None)) is not None]
+    return found
+
+
+@contextlib.contextmanager
+def recording_installed(model) -> Iterator[object]:
+    """Within the block, `model` attends through the recording attention, whatever implementation
+    it was loaded with; on leaving, also on an error, it gets its own implementation back.
+
+    A model the user loaded (`from_pretrained(..., attn_implementation="sdpa")`, a model built
+    from a config) can then be recorded like one of `load_hf`'s (`hf_attention`,
+    `hf_attention_stream`, `oattn_lib.api.extract`). The recording attention computes what eager
+    attention computes (`recording_attention_forward`), so inside the block the model's outputs
+    are its eager outputs.
+
+    The switch is transformers' own `model.set_attn_implementation(ATTN_IMPLEMENTATION)`, which
+    sets the model's config, its sub-configs at any depth and the config of every sub-model (a
+    composite model's towers). Before it, the implementation of each of those configs is noted,
+    and on leaving each is written back as it was, the field `set_attn_implementation` itself
+    writes: a composite model whose towers attended differently (say, eager text and sdpa
+    vision) comes back exactly so, which one call of `set_attn_implementation` with a single
+    name could not do. A model already set to the recording attention (`load_hf`) is left as it
+    is.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A loaded model whose attention dispatches through transformers' `AttentionInterface`.
+
+    Yields
+    ------
+    model
+        The same model, switched.
+
+    Raises
+    ------
+    ValueError
+        `model` does not dispatch its attention through the `AttentionInterface`
+        (`supports_attention_interface`), or the switch did not take; the message names its class.
+    """
+    name = type(model).__name__
+    if not supports_attention_interface(model) or not hasattr(model, "set_attn_implementation"):
+        raise ValueError(f"model: {name} does not dispatch its attention through transformers' "
+                         "AttentionInterface, so its scores cannot be recorded; load it with "
+                         "attn_implementation='eager' and read the probabilities with hf_attention")
+    configs = _attention_configs(model)
+    before = {key: config._attn_implementation for key, config in configs.items()}
+    try:
+        model.set_attn_implementation(register_recording_attention())
+        if attn_implementation(model) != ATTN_IMPLEMENTATION:
+            raise ValueError(f"model: {name} kept attention implementation {attn_implementation(model)!r} after "
+                             f"set_attn_implementation({ATTN_IMPLEMENTATION!r})")
+        yield model
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation_internal = before[key]
 
 
 # --------------------------------------------------------------------------- loading
