@@ -74,6 +74,7 @@ include: "workflow/rules/figures.smk"
 include: "workflow/rules/prune.smk"
 include: "workflow/rules/softmax_free.smk"
 include: "workflow/rules/explorer.smk"
+include: "workflow/rules/compare.smk"
 include: "workflow/rules/report.smk"
 
 

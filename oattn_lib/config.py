@@ -21,7 +21,7 @@ __all__ = ["ConfigError", "SCHEMA", "batch_jobs", "rule_stage", "validate_config
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
            "softmax_free_bases", "stability_samples", "explorer_parts",
            "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES",
-           "plan_problem", "section_settings"]
+           "plan_problem", "section_settings", "compare_pairs"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -653,11 +653,37 @@ def disk_problem(config: dict) -> str | None:
             "skips this check)")
 
 
+def compare_pairs(config: dict) -> list[dict]:
+    """The config's `compare` pairs with `heads` resolved to a bool (docs/method.md §15): auto
+    compares head by head where both entries are of one kind and name one model (the same `path`:
+    a Hugging Face model, or attention files); ConfigError naming the pair's key where a name is not a model's,
+    a pair compares a model with itself, or a pair is listed twice."""
+    models = {m["name"]: m for m in config["models"]}
+    out, seen = [], set()
+    for i, pair in enumerate(config.get("compare") or []):
+        for key in ("a", "b"):
+            if pair[key] not in models:
+                raise ConfigError(f"compare[{i}].{key}: {pair[key]!r} is not a model's name; allowed: {sorted(models)}")
+        if pair["a"] == pair["b"]:
+            raise ConfigError(f"compare[{i}]: compares {pair['a']!r} with itself; name two models")
+        if (pair["a"], pair["b"]) in seen:
+            raise ConfigError(f"compare[{i}]: {pair['a']} vs {pair['b']} is listed twice")
+        seen.add((pair["a"], pair["b"]))
+        heads = pair.get("heads", "auto")
+        if heads == "auto":
+            ma, mb = models[pair["a"]], models[pair["b"]]
+            heads = (ma.get("path") is not None and ma.get("path") == mb.get("path")
+                     and type(adapter(ma)) is type(adapter(mb)))
+        out.append({"a": pair["a"], "b": pair["b"], "heads": bool(heads)})
+    return out
+
+
 def check_config(config: dict) -> None:
     names = [m["name"] for m in config["models"]]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"models[].name: {dup} used more than once; model names must be unique")
+    compare_pairs(config)
     softmax_free_bases(config)
     ent = config["entropy"]
     for i, m in enumerate(config["models"]):

@@ -295,7 +295,13 @@ def test_the_api_is_exported_lazily():
     assert proc.returncode == 0, proc.stderr[-2000:]
     before, names, listed, module = json.loads(proc.stdout.strip().splitlines()[-1])
     assert before is False and listed and module == "oattn_lib.api"
-    assert names == sorted(["extract", "organize", "entropies", "paraproduct_residual", "stability_replicates", "explorer_page"])
+    assert names == sorted(["extract", "organize", "entropies", "paraproduct_residual", "stability_replicates",
+                            "explorer_page", "analyze", "Analysis", "compare", "Comparison", "from_transformer_lens",
+                            "from_nnsight"])
     for name in names:
-        doc = getattr(oattn_lib, name).__doc__
-        assert "Parameters\n    ----------" in doc and "Returns\n    -------" in doc, name
+        obj = getattr(oattn_lib, name)
+        doc = obj.__doc__
+        if isinstance(obj, type):  # a result class: what it holds
+            assert "Attributes\n    ----------" in doc, name
+        else:
+            assert "Parameters\n    ----------" in doc and "Returns\n    -------" in doc, name

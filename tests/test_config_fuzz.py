@@ -212,7 +212,7 @@ def _mutate(draw, config: dict) -> None:
     """One random change of `config` (in place)."""
     models = _models(config)
     what = draw(st.sampled_from(["model key", "section key", "model key", "kind", "section key", "model key",
-                                 "unknown key", "whole"]))
+                                 "unknown key", "whole", "compare"]))
     if what == "model key" and models:
         m = draw(st.sampled_from(models))
         path, schema = draw(st.sampled_from(MODEL_SLOTS[m.get("kind") if m.get("kind") in KINDS else "txl"]))
@@ -230,6 +230,15 @@ def _mutate(draw, config: dict) -> None:
                 m.pop(key, None)
             if kind in ("hf", "attention"):
                 m["path"] = draw(st.sampled_from(PATHS))
+    elif what == "compare":  # a pair of the compare section: names of models or not, any `heads`
+        names = [m.get("name") for m in models] + ["nope"]
+        pair = {k: draw(st.sampled_from(names) | NAMES) for k in ("a", "b")}
+        if draw(st.booleans()):
+            pair["heads"] = draw(st.sampled_from(["auto", True, False, "yes", 3, None]))
+        if draw(st.integers(0, 5)) == 0:
+            pair[draw(st.sampled_from(["bogus", "c"]))] = 1
+        config["compare"] = [*(config.get("compare") or []), pair] if isinstance(config.get("compare"), list) \
+            else [pair]
     elif what == "unknown key":
         where = draw(st.sampled_from([config, *(config.get(p[0]) for p, _ in TOP_SLOTS if len(p) == 1), *models,
                                       *(m.get(s) for m in models for s in ("data", "arch", "train", "extract"))]))
@@ -343,6 +352,7 @@ def test_the_fuzzer_reaches_every_key_of_the_schema():
     """Every property name of the schema, `$defs` of every model kind included, is a key the
     mutations can change."""
     reached = {p[-1] for p, _ in TOP_SLOTS} | {p[-1] for slots in MODEL_SLOTS.values() for p, _ in slots}
+    reached |= {"a", "b", "heads"}  # a compare pair's keys, which _mutate's "compare" sets
     assert SCHEMA_KEYS - {"models"} <= reached
     assert {"n_layer", "patch_size", "texts", "chat", "dataset", "epochs"} <= reached
 
