@@ -380,6 +380,7 @@ SPECIAL = {
     "prune.held_out.texts": [TEXTS],
     "softmax_free.models": [["txl"]],
     "prune.held_out.field": ["body"],
+    "compare": [[{"a": "txl", "b": "vit", "heads": True}]],
 }
 
 

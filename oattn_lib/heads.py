@@ -182,7 +182,8 @@ def head_summary(rows: pd.DataFrame, *, stability: xr.Dataset | None = None, boo
         `rank_mean` with `rank_low`, `rank_high` (its bootstrap interval); `bottom_count`,
         `top_count` (Table 1's counts: the samples in which the head is in the set);
         `paraproduct_residual_mean` (figure heads). With `stability`: `entropy_replicates_low`,
-        `entropy_replicates_high`, `bottom_count_replicates_low`, `bottom_count_replicates_high`,
+        `entropy_replicates_high`, `rank_replicates_low`, `rank_replicates_high` (the mean
+        rank's range), `bottom_count_replicates_low`, `bottom_count_replicates_high`,
         `bottom_count_boot_low`, `bottom_count_boot_high`, `top_count_boot_low`,
         `top_count_boot_high`.
 
@@ -261,7 +262,9 @@ def _replicate_columns(stab: xr.Dataset, e: np.ndarray, samples: np.ndarray, row
     k = int(rows.groupby("sample")["in_bottom"].sum().iloc[0])
     ranks = rank_within(reps)
     counts = (ranks <= k).sum(1)  # (R, units): each replicate's bottom count
+    mean_ranks = ranks.mean(1)
     out = {"entropy_replicates_low": means.min(0), "entropy_replicates_high": means.max(0),
+           "rank_replicates_low": mean_ranks.min(0), "rank_replicates_high": mean_ranks.max(0),
            "bottom_count_replicates_low": counts.min(0), "bottom_count_replicates_high": counts.max(0)}
     q = (1 - SUMMARY_INTERVAL) / 2
     for which in ("bottom", "top"):

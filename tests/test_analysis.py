@@ -140,3 +140,22 @@ def test_the_settings_are_recorded_with_the_schemas_defaults(analysis):
     assert s["entropy"]["head_top_k"] == 400 and s["stability"] is None
     org = analysis.organization(0)
     assert json.loads(org.attrs["config"])["organize"] == s["organize"]
+
+
+def test_the_python_api_pages_examples_run_as_written(tmp_path, monkeypatch):
+    """The page's first example and its comparison run as typed (the TransformerLens one needs a
+    run of TransformerLens: tests/test_adapters.py runs the how-to's), and give what it says."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    first = next(b for b in blocks if "oattn.analyze(\"minilm\"" in b and "import oattn_lib" in b)
+    pair = next(b for b in blocks if "oattn.compare(a, b)" in b)
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(first, "python-api.md", "exec"), ns)
+    assert len(ns["a"].heads) == 3 * 72 and ns["a"].heads["sample"].nunique() == 3
+    exec(compile(pair, "python-api.md", "exec"), ns)
+    c = ns["c"]
+    assert c.heads is not None and len(c.heads) == 72 and set(c.models["unit"]) == {"sample", "head"}

@@ -35,7 +35,7 @@ use rule * from oattn{rename}
 """
 # the README's `entropy: {head_top_k: 100}` change, made in the user's own config: the stages from
 # the entropies on, never training, extraction or the expansions
-ENTROPY_RERUNS = {"entropy", "masked_other", "organize2d", "stability", "tables", "figures", "prune", "explorer",
+ENTROPY_RERUNS = {"entropy", "masked_other", "organize2d", "stability", "tables", "heads", "figures", "prune", "explorer",
                   "explorer_index", "summary", "all"}
 
 

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.workflow
 ANALYSIS_AFTER_ORGANIZE = {"organize_batch_txl": 1, "organize_batch_vit": 1, "organize": 2,
                            "decompose_batch_txl": 1, "decompose_batch_vit": 1, "decompose": 2, "entropy": 3,
                            "organize2d_batch_txl": 1, "organize2d_batch_vit": 1, "organize2d": 2, "stability_sample_batch_txl": 1,
-                           "stability_sample": 2, "stability": 2, "tables": 3, "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2,
+                           "stability_sample": 2, "stability": 2, "tables": 3, "heads": 3, "figures": 3, "prune": 3, "explorer_plan": 1,
+                           "explorer_samples": 2,
                            "explorer": 3, "explorer_index": 1, "summary": 1, "all": 1,
                            # txl analyses scores: its expansions again under the other masked rule
                            "masked_other_batch_txl": 1}
@@ -39,7 +40,8 @@ ANALYSIS_AFTER_ORGANIZE = {"organize_batch_txl": 1, "organize_batch_vit": 1, "or
 AFTER_QUESTIONNAIRE_EDIT = {**ANALYSIS_AFTER_ORGANIZE, "theorem1": 3}
 # txl's own jobs from organize on (organize2d reads its decomposed figure heads), one each
 MASKED_RULE_RERUNS = {"organize_batch_txl": 1, "decompose_batch_txl": 1, "entropy": 1, "organize2d_batch_txl": 1,
-                      "stability_sample_batch_txl": 1, "stability": 1, "tables": 1, "figures": 1, "prune": 1, "explorer": 1,
+                      "stability_sample_batch_txl": 1, "stability": 1, "tables": 1, "heads": 1, "figures": 1, "prune": 1,
+                      "explorer": 1,
                       "explorer_index": 1, "summary": 1, "all": 1,
                       # the claims' analysis under the other rule: now row_mean, a new one
                       "masked_other_batch_txl": 1}

@@ -192,6 +192,10 @@ print("CHECKS " + json.dumps({
     "residuals_finite": bool(np.isfinite(residuals).all() and (residuals >= 0).all()),
     "jaccard_in_range": bool(((pairs >= 0) & (pairs <= 1)).all()),
     "sparsity_keys": sorted(sparsity),
+    # analyze's stages and the step-by-step API agree on the organized prompt's head entropies
+    "analysis_is_the_api": bool(np.allclose(
+        analysis.heads[analysis.heads["sample"] == 1].set_index(["layer", "head"])["head_entropy"]
+        .to_xarray().transpose("layer", "head").values, grid.values, rtol=1e-5)),
 }))
 """
 
@@ -221,5 +225,8 @@ def test_the_notebook_runs_and_its_results_hold(tmp_path):
     assert checks["entropies_finite_positive"] and checks["sparsity_in_range"] and checks["lowest_is_min"]
     assert checks["residuals_finite"] and checks["jaccard_in_range"]
     assert checks["sparsity_keys"] == sorted(["organized", "balanced trees, token order", "random trees"])
+    assert checks["analysis_is_the_api"]
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) == 3  # the entropy grid, the head raw and organized, the residuals per head
+    # the entropy grid, the head raw and organized, the residuals per head, and analyze's `show`,
+    # whose pyplot-free figure the notebook displays inline
+    assert len(images) == 4

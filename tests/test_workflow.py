@@ -194,7 +194,7 @@ def test_changing_entropy_top_k_reruns_only_entropy_and_after(run):
     # lm (one job per sample): its page planned again and its 2 samples encoded again, one job each
     assert jobs == {"entropy": 3, "organize2d_batch_txl": 1, "organize2d_batch_vit": 1, "organize2d": 2,
                     "stability_sample_batch_txl": 1, "stability_sample": 2, "stability": 2, "tables": 3,
-                    "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2, "explorer": 3,
+                    "heads": 3, "figures": 3, "prune": 3, "explorer_plan": 1, "explorer_samples": 2, "explorer": 3,
                     "explorer_index": 1, "summary": 1, "all": 1, "masked_other_batch_txl": 1}
 
 
@@ -206,7 +206,7 @@ def test_changing_the_questionnaire_reruns_organize_and_after(run):
     assert jobs == {"organize_batch_txl": 1, "organize_batch_vit": 1, "organize": 2, "decompose_batch_txl": 1,
                     "decompose_batch_vit": 1, "decompose": 2, "entropy": 3, "organize2d_batch_txl": 1,
                     "organize2d_batch_vit": 1, "organize2d": 2, "stability_sample_batch_txl": 1, "stability_sample": 2,
-                    "stability": 2, "tables": 3, "figures": 3, "prune": 3,
+                    "stability": 2, "tables": 3, "heads": 3, "figures": 3, "prune": 3,
                     "explorer_plan": 1, "explorer_samples": 2, "explorer": 3, "explorer_index": 1, "summary": 1,
                     "all": 1, "masked_other_batch_txl": 1}   # txl's expansions under the other masked rule too
 
@@ -215,9 +215,9 @@ def test_changing_a_stability_section_reruns_that_models_stability_and_what_read
     cfg = copy.deepcopy(TINY)
     cfg["models"][0]["stability"]["replicates"] = 3
     jobs = planned_jobs(snakemake(run, cfg, "-n"))
-    # its one replicated sample's replicates, its Tables 1-2 (ranges), the explorer that shows
-    # them, and the claims
-    assert jobs == {"stability_sample_batch_txl": 1, "stability": 1, "tables": 1, "explorer": 1,
+    # its one replicated sample's replicates, its Tables 1-2 and heads tables (ranges), the explorer
+    # that shows them, and the claims
+    assert jobs == {"stability_sample_batch_txl": 1, "stability": 1, "tables": 1, "heads": 1, "explorer": 1,
                     "explorer_index": 1, "summary": 1, "all": 1}
 
 
@@ -226,7 +226,7 @@ def test_the_bootstrap_or_fewer_replicated_samples_rerun_no_replicate(run):
     those reruns the model's stability table and what reads it, never a stability_sample job."""
     cfg = copy.deepcopy(TINY)
     cfg["models"][0]["stability"]["bootstrap"] = 150
-    assert planned_jobs(snakemake(run, cfg, "-n")) == {"stability": 1, "tables": 1, "explorer": 1,
+    assert planned_jobs(snakemake(run, cfg, "-n")) == {"stability": 1, "tables": 1, "heads": 1, "explorer": 1,
                                                         "explorer_index": 1, "summary": 1, "all": 1}
     cfg = copy.deepcopy(TINY)
     lm = next(m for m in cfg["models"] if m["name"] == "lm")
