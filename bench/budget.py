@@ -41,6 +41,7 @@ process's start-up and collection, outside any test, under `session:collection`)
     python bench/budget.py run results              # check the default run's logs
     python bench/budget.py test CPU_DIR             # check a suite run with OATTN_TEST_CPU_DIR=CPU_DIR
     python bench/budget.py record run results       # write the measured breakdown into budget.yaml
+    python bench/budget.py add test CPU_DIR         # add only the new parts, in the record's units
     python bench/budget.py record test CPU_DIR
 
 Raising a budget is a commit that says why (what was added, what it costs).
@@ -258,6 +259,31 @@ def record(what: str, measured: dict[str, float], budget_path: Path = BUDGET, re
                     "total_cpu_s": round(sum(measured.values()), 1),
                     "reference_cpu_s": round(reference_cpu_s() if reference is None else reference, 3),
                     "parts": {k: round(v, 1) for k, v in sorted(measured.items())}}
+    _write(budget, budget_path)
+    print(f"{budget_path}: {what} recorded, {sum(measured.values()):.0f} s of CPU; commit it saying why")
+
+
+def add_new_parts(what: str, measured: dict[str, float], budget_path: Path = BUDGET,
+                  reference: float | None = None) -> dict[str, float]:
+    """Add to the `what` section the parts `measured` has and the record lacks, in the recording
+    machine's units: each divided by the factor the check judges parts with on this machine
+    (`compare`), the total raised by their sum; the recorded parts, the reference workload and
+    the tolerances stay. For a machine unlike the recording one (another CPU, no browser for the
+    browser tests), where recording everything again would move every part. Returns the parts
+    added."""
+    budget = yaml.safe_load(budget_path.read_text())
+    section = budget[what]
+    _, _, factors, _ = compare(section, measured, reference_cpu_s() if reference is None else reference)
+    new = {k: round(v / factors["part"], 1) for k, v in measured.items() if k not in section["parts"]}
+    section["parts"] = dict(sorted({**section["parts"], **new}.items()))
+    section["total_cpu_s"] = round(float(section["total_cpu_s"]) + sum(new.values()), 1)
+    _write(budget, budget_path)
+    print(f"{budget_path}: {what}: added {', '.join(f'{k} {v} s' for k, v in new.items()) or 'nothing'} "
+          f"(measured / {factors['part']:.2f}); commit it saying why")
+    return new
+
+
+def _write(budget: dict, budget_path: Path) -> None:
     lines = [HEADER.rstrip("\n")]
     for section in ("run", "test"):
         if section not in budget:
@@ -272,23 +298,25 @@ def record(what: str, measured: dict[str, float], budget_path: Path = BUDGET, re
     tmp = budget_path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(budget_path)
-    print(f"{budget_path}: {what} recorded, {sum(measured.values()):.0f} s of CPU; commit it saying why")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("args", nargs="+", help="run RESULTS | test CPU_DIR | record run RESULTS | record test CPU_DIR")
+    ap.add_argument("args", nargs="+", help="run RESULTS | test CPU_DIR, after nothing, `record` or `add`")
     ap.add_argument("--budget", type=Path, default=BUDGET)
     ns = ap.parse_args(argv)
     a = ns.args
-    rec = a[0] == "record"
-    if rec:
+    action = a[0] if a[0] in ("record", "add") else None
+    if action:
         a = a[1:]
     if len(a) != 2 or a[0] not in ("run", "test"):
-        ap.error("expected: run RESULTS | test CPU_DIR | record run RESULTS | record test CPU_DIR")
+        ap.error("expected: [record | add] run RESULTS | [record | add] test CPU_DIR")
     measured = run_parts(Path(a[1])) if a[0] == "run" else test_parts(Path(a[1]))
-    if rec:
+    if action == "record":
         record(a[0], measured, ns.budget)
+        return 0
+    if action == "add":
+        add_new_parts(a[0], measured, ns.budget)
         return 0
     return check(a[0], measured, ns.budget)
 

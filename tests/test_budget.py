@@ -259,3 +259,22 @@ def test_the_plugin_counts_children_and_session_fixtures_apart(tmp_path):
     assert got["test_b.py"] < 0.3 and got["session:collection"] > 0
     assert sum(got.values()) == pytest.approx(written["total"])
     assert budget.test_parts(cpu)["test_a.py"] == got["test_a.py"]
+
+
+def test_a_new_part_is_added_in_the_records_units(tmp_path, recorded):
+    """On a machine 1.5 times slower, a new stage costing 15 s is added as 10 s, nothing recorded
+    moves, and the same run then passes there; doubled, that stage fails on the recording
+    machine's scale."""
+    import yaml
+    before = yaml.safe_load(recorded.read_text())["run"]
+    slower = {k: 1.5 * v for k, v in STAGES.items()}
+    measured = budget.run_parts(fake_run(tmp_path / "new", {**slower, "heads": 15.0}))
+    added = budget.add_new_parts("run", measured, recorded, reference=3.0)
+    after = yaml.safe_load(recorded.read_text())["run"]
+    assert added == {"heads": 10.0} and after["parts"]["heads"] == 10.0
+    assert {k: v for k, v in after["parts"].items() if k != "heads"} == before["parts"]
+    assert after["total_cpu_s"] == pytest.approx(before["total_cpu_s"] + 10.0)
+    assert after["reference_cpu_s"] == before["reference_cpu_s"]
+    assert check(tmp_path, recorded, {**slower, "heads": 15.0}, name="again", reference=3.0)[0] == 0
+    rc, out = check(tmp_path, recorded, {**STAGES, "heads": 40.0}, name="doubled")
+    assert rc == 1 and "heads:" in out.split("over the run budget")[-1]

@@ -37,18 +37,28 @@ def network(sharpness: np.ndarray, n_samples: int, seed: int, n_tokens: int = 12
     return out
 
 
+N = 6  # samples a side: the exact test's smallest two-sided p-value is 2 / C(12, 6), 0.0022
+
+
 @pytest.fixture(scope="module")
 def planted():
     swapped = SHARPNESS.copy()
     swapped[[1, 6]] = swapped[[6, 1]]
-    a = oattn_lib.analyze(network(SHARPNESS, 8, seed=1), name="a", **FAST)
-    b = oattn_lib.analyze(network(swapped, 8, seed=2), name="b", **FAST)
+    a = oattn_lib.analyze(network(SHARPNESS, N, seed=1), name="a", **FAST)
+    b = oattn_lib.analyze(network(swapped, N, seed=2), name="b", **FAST)
     return a, b
 
 
-def test_a_planted_pair_of_heads_is_found_and_nothing_else(planted):
+@pytest.fixture(scope="module")
+def again():
+    """a's network on new samples."""
+    return oattn_lib.analyze(network(SHARPNESS, N, seed=3), name="a2", **FAST)
+
+
+def test_a_planted_pair_of_heads_is_found_and_nothing_else(planted, again):
     a, b = planted
     c = oattn_lib.compare(a, b, permutations=999, bootstrap=500)
+    assert c.heads["p"].min() == pytest.approx(2 / 924)  # every relabelling of 6 + 6 samples
     h = c.heads.set_index(["layer", "head"])
     changed = set(h.index[h["changed"]])
     assert changed == set(SWAPPED), c.heads
@@ -58,7 +68,6 @@ def test_a_planted_pair_of_heads_is_found_and_nothing_else(planted):
     assert (h.drop(list(SWAPPED))["verdict"] == NOT_SHOWN).all()
     assert np.isnan(h["margin"]).all()  # no replicates: no noise floor measured, and the table says so
     # the same network on new samples: no head changes (the baseline can win)
-    again = oattn_lib.analyze(network(SHARPNESS, 8, seed=3), name="a2", **FAST)
     assert not oattn_lib.compare(a, again, permutations=999, bootstrap=500).heads["changed"].any()
 
 
@@ -66,7 +75,7 @@ def test_the_measures_of_two_models_do_not_depend_on_scale(planted):
     """b's tensors times 7 are the same network for every scale-free measure: each difference is
     0 (a raw entropy would be 7 times larger), and no verdict says otherwise."""
     a, _ = planted
-    scaled = oattn_lib.analyze(network(SHARPNESS, 8, seed=1, scale=7.0), name="scaled", **FAST)
+    scaled = oattn_lib.analyze(network(SHARPNESS, N, seed=1, scale=7.0), name="scaled", **FAST)
     c = oattn_lib.compare(a, scaled, heads=False, permutations=999, bootstrap=500)
     assert c.heads is None
     tested = c.models[c.models["unit"] == "sample"]
@@ -77,11 +86,11 @@ def test_the_measures_of_two_models_do_not_depend_on_scale(planted):
     assert scaled.heads["head_entropy"].mean() == pytest.approx(7 * raw_a, rel=1e-4)
 
 
-def test_two_networks_differ_where_one_is_nearly_uniform(planted):
+def test_two_networks_differ_where_one_is_nearly_uniform(planted, again):
     """Heads 20 times flatter are nearly constant: their energy sits in the constant Haar function,
     so their scale-free entropy falls; the same sharpness on new samples shows no difference."""
     a, _ = planted
-    flat = oattn_lib.analyze(network(SHARPNESS * 0.05, 8, seed=4), name="flat", **FAST)
+    flat = oattn_lib.analyze(network(SHARPNESS * 0.05, N, seed=4), name="flat", **FAST)
     c = oattn_lib.compare(a, flat, heads=False, permutations=999, bootstrap=500)
     row = c.models.set_index("measure").loc["median_head_entropy_scale_free"]
     assert row["verdict"] == "lower in b" and row["ci_high"] < 0 and row["p_adjusted"] < 0.05
@@ -115,11 +124,10 @@ def test_the_page_and_figure_say_what_the_verdicts_mean(planted, tmp_path):
     assert "data:image/png;base64," in page and "<h2>Heads" in page
     with pytest.raises(ValueError, match="no heads.parquet"):
         load_side(tmp_path)
-    small = oattn_lib.analyze(network(SHARPNESS, 3, seed=6)[:3], name="small", **FAST)
-    other = small.heads[small.heads["layer"] == 0]
-    with pytest.raises(ValueError, match="has no head layer 1"):
-        from oattn_lib.comparison import Side, head_changes
-        head_changes(load_side(a), Side("cut", other, small.head_summary, small.table2))
+    from oattn_lib.comparison import Side, head_changes
+    cut = b.heads[b.heads["layer"] == 0]
+    with pytest.raises(ValueError, match="cut: has no head layer 1"):
+        head_changes(load_side(a), Side("cut", cut, b.head_summary, b.table2))
     assert isinstance(c.models, pd.DataFrame)
 
 
