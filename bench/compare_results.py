@@ -1,4 +1,5 @@
-"""Compare two results directories number for number: every table CSV and every zarr store.
+"""Compare two results directories number for number: every table (CSV, parquet) and every zarr
+store.
 
     python bench/compare_results.py results_before results_after
 
@@ -29,7 +30,9 @@ def _diff(a: np.ndarray, b: np.ndarray) -> str | None:
 
 
 def compare_csv(a: Path, b: Path) -> list[str]:
-    x, y = pd.read_csv(a), pd.read_csv(b)
+    """A CSV or parquet table's columns, value for value."""
+    read = pd.read_parquet if a.suffix == ".parquet" else pd.read_csv
+    x, y = read(a), read(b)
     if list(x.columns) != list(y.columns):
         return [f"columns {list(x.columns)} vs {list(y.columns)}"]
     return [f"{c}: {d}" for c in x.columns if (d := _diff(x[c].to_numpy(), y[c].to_numpy()))]
@@ -46,7 +49,7 @@ def compare_store(a: Path, b: Path) -> list[str]:
 
 def main(before: str, after: str) -> int:
     a_root, b_root = Path(before), Path(after)
-    files = sorted({p.relative_to(a_root) for p in a_root.rglob("*.csv")}
+    files = sorted({p.relative_to(a_root) for pattern in ("*.csv", "*.parquet") for p in a_root.rglob(pattern)}
                    | {p.relative_to(a_root) for p in a_root.rglob("*.zarr") if p.is_dir()})
     bad = 0
     for rel in files:
