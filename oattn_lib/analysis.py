@@ -222,6 +222,8 @@ class Analysis:
     def _repr_html_(self) -> str:
         from html import escape
 
+        from .heads import SUMMARY_INTERVAL
+
         s = self.head_summary
         cols = ["layer", "head", "entropy_mean", "entropy_low", "entropy_high", "rank_mean", "bottom_count",
                 "top_count"]
@@ -230,7 +232,7 @@ class Analysis:
         t2 = self.table2[["sample", "network_entropy", "network_sparsity", "network_sparsity_random_trees",
                           "network_sparsity_natural_trees"]].to_html(index=False, float_format=lambda x: f"{x:.4g}")
         return (f"<div><p><b>{escape(repr(self))}</b></p>"
-                f"<p>Lowest mean Haar entropy (intervals: {int(100 * 0.95)}% bootstrap over the samples)</p>{low}"
+                f"<p>Lowest mean Haar entropy (intervals: {SUMMARY_INTERVAL:.0%} bootstrap over the samples)</p>{low}"
                 f"<p>Highest</p>{high}<p>Network sparsity (Table 2)</p>{t2}"
                 "<p><code>.heads</code>, <code>.head_summary</code>, <code>.claims</code>, "
                 "<code>.show(layer, head)</code>, <code>.page(path)</code></p></div>")

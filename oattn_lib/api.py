@@ -237,9 +237,12 @@ def _selection(values, n: int, name: str) -> list[int] | None:
 
 
 # -- the network tensor and its organization -----------------------------------------------------
-def _network(attention, quantity: str | None):
+def _network(attention, quantity: str | None, masked: str | None = None):
     """The network tensor (`stages.common.Network`) of one sample given as a Dataset or a
-    DataArray, with the quantity it holds; ValueError naming `attention` or `quantity`."""
+    DataArray, with the quantity it holds; ValueError naming `attention` or `quantity`.
+    `masked`: the rule for the scores' masked entries (docs/method.md §9.5), the workflow's
+    `extract.masked` by default; it applies where the Dataset holds the model's mask
+    (`allowed`, or the `probs` it is read from), as the organize stage applies it."""
     from .stages.common import Network, read_network
 
     if quantity not in (None, "scores", "probs"):
@@ -259,7 +262,14 @@ def _network(attention, quantity: str | None):
     if quantity not in ("scores", "probs"):
         raise ValueError(f"quantity: must be 'scores' or 'probs', got {quantity!r}")
     if set(da.dims) == set(_HEAD_DIMS):
-        net = read_network(xr.Dataset({quantity: da}, attrs=attrs), quantity)
+        masked = masked or _defaults("$defs/extract")["masked"]
+        if masked not in ("row_mean", "keep"):
+            raise ValueError(f"masked: must be 'row_mean' or 'keep', got {masked!r}")
+        # the model's mask goes with the analysed quantity, so that its masked scores are treated
+        # as the workflow treats them
+        mask = {v: attention[v] for v in ("allowed", "probs")
+                if isinstance(attention, xr.Dataset) and v in attention.data_vars and v != quantity}
+        net = read_network(xr.Dataset({quantity: da, **mask}, attrs=attrs), quantity, masked=masked)
     elif set(da.dims) == set(_UNIT_DIMS):
         x = da.transpose(*_UNIT_DIMS)
         n_unit = x.sizes["unit"]
@@ -307,7 +317,7 @@ def _organization(organization, net):
 
 @announces_kernels(ahead=_compile_kernels)
 def organize(attention, quantity: str | None = None, *, n_iters: int | None = None, device: str | None = None,
-             **params) -> xr.Dataset:
+             masked: str | None = None, **params) -> xr.Dataset:
     """Organize one sample's network tensor by the 3-D questionnaire (docs/method.md §5.2).
 
     Runs the organize stage's code (`stages.organize.organized_dataset`) on the tensor, so the
@@ -327,6 +337,11 @@ def organize(attention, quantity: str | None = None, *, n_iters: int | None = No
         Questionnaire iterations; default the workflow's `organize.n_iters`.
     device : str, optional
         "auto", "cpu" or "cuda"; default the workflow's `device`.
+    masked : {"row_mean", "keep"}, optional
+        The rule for the scores the model masks (a causal model's future; docs/method.md §9.5):
+        set per row to the mean of the row's allowed scores, or analysed as computed; default
+        the workflow's `extract.masked`. It applies to a Dataset of `extract` analysed on its
+        scores (which carries the model's mask, `allowed`); probabilities are 0 there anyway.
     **params
         The other keys of the workflow's `organize` section (alpha, beta, constant, eps,
         head_uses_initial_trees), defaults from the schema.
@@ -350,14 +365,14 @@ def organize(attention, quantity: str | None = None, *, n_iters: int | None = No
     if n_iters is not None:
         settings["n_iters"] = _positive_int(n_iters, "n_iters")
     device = _device(device)
-    net, quantity = _network(attention, quantity)
+    net, quantity = _network(attention, quantity, masked)
     return organized_dataset(net, quantity, settings, config_slice={"organize": settings}, device=device)
 
 
 # -- entropies and sparsity ---------------------------------------------------------------------
 @announces_kernels(ahead=_compile_kernels)
 def entropies(attention, organization: xr.Dataset, *, quantity: str | None = None, head_top_k: int | None = None,
-              network_top_k: int | None = None) -> xr.Dataset:
+              network_top_k: int | None = None, masked: str | None = None) -> xr.Dataset:
     """Haar l1 entropies and l1/l2 sparsity of every head and of the network, in the trees of
     `organization` (docs/method.md §6.2, §6.3).
 
@@ -374,6 +389,9 @@ def entropies(attention, organization: xr.Dataset, *, quantity: str | None = Non
         default the workflow's `entropy.head_top_k` and `entropy.network_top_k`. A short
         sample with fewer coefficients sums all of them, as the entropy stage does; the
         values used are the attributes `head_top_k`, `network_top_k` of the result.
+    masked : {"row_mean", "keep"}, optional
+        As in `organize`; default the rule the organization was made with (its `masked`
+        attribute), else the workflow's.
 
     Returns
     -------
@@ -385,7 +403,9 @@ def entropies(attention, organization: xr.Dataset, *, quantity: str | None = Non
     from .entropy import head_entropy, head_sparsity, network_entropy, network_sparsity
 
     quantity = quantity or (organization.attrs.get("quantity") if isinstance(organization, xr.Dataset) else None)
-    net, quantity = _network(attention, quantity)
+    if masked is None and isinstance(organization, xr.Dataset) and organization.attrs.get("masked") in ("row_mean", "keep"):
+        masked = organization.attrs["masked"]
+    net, quantity = _network(attention, quantity, masked)
     org = _organization(organization, net)
     n_q, n_k, n_u = net.array.shape
     k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), n_q * n_k, "head_top_k")

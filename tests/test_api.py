@@ -305,3 +305,43 @@ def test_the_api_is_exported_lazily():
             assert "Attributes\n    ----------" in doc, name
         else:
             assert "Parameters\n    ----------" in doc and "Returns\n    -------" in doc, name
+
+
+def test_a_causal_models_masked_scores_follow_the_workflows_rule(tmp_path):
+    """Scores of a causal model, organized by the API and by the organize stage on the same store:
+    by default both set the masked entries per row to the mean of the allowed ones (the
+    workflow's extract.masked), `masked="keep"` analyses them as computed in both, and the two
+    rules give different trees' affinities; entropies follow the organization's rule."""
+    from oattn_lib.stages.organize import organize
+    from oattn_lib.store import read_store, write_store
+
+    rng = np.random.default_rng(3)
+    n = 10
+    scores = rng.normal(size=(2, 3, n, n)).astype(np.float32)
+    allowed = np.tril(np.ones((n, n), bool))
+    z = np.where(allowed, scores, -np.inf)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ds = xr.Dataset({"scores": (("layer", "head", "query", "key"), scores),
+                     "probs": (("layer", "head", "query", "key"), p.astype(np.float32)),
+                     "allowed": (("layer", "query", "key"), np.broadcast_to(allowed, (2, n, n)).copy())},
+                    coords={"layer": [0, 1], "head": [0, 1, 2], "query": np.arange(n), "key": np.arange(n)})
+    att = write_store(ds, tmp_path / "a.zarr") / "zarr.json"
+    params = {**schema_defaults("organize"), "n_iters": 1}
+    got = {}
+    for rule in ("row_mean", "keep"):
+        out = tmp_path / f"{rule}.zarr" / "zarr.json"
+        organize(att, out, "scores", params=params, device="cpu", masked=rule)
+        stage = read_store(out)
+        api = oattn_lib.organize(ds, "scores", n_iters=1, device="cpu",
+                                 **({} if rule == "row_mean" else {"masked": "keep"}))
+        for v in ("tree_q", "tree_k", "tree_h", "affinity_q", "affinity_k", "affinity_h"):
+            np.testing.assert_array_equal(api[v].values, stage[v].values, err_msg=(rule, v))
+        got[rule] = api
+    assert not np.array_equal(got["row_mean"]["affinity_q"].values, got["keep"]["affinity_q"].values)
+    # the entropies of each organization read the tensor under its own rule
+    kept = oattn_lib.entropies(ds, got["keep"], quantity="scores")
+    assert kept["head_entropy"].values.tolist() == oattn_lib.entropies(ds, got["keep"], quantity="scores",
+                                                                      masked="keep")["head_entropy"].values.tolist()
+    assert not np.allclose(kept["head_entropy"].values,
+                           oattn_lib.entropies(ds, got["keep"], quantity="scores", masked="row_mean")["head_entropy"].values)
