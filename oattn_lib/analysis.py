@@ -290,7 +290,6 @@ def analyze(model, prompts=None, *, max_length: int | None = None, chat: bool = 
         Naming the argument at fault, before any model runs where it can be known then.
     """
     from .config import section_settings
-    from .store import write_store
 
     settings = {"extract": section_settings("$defs/extract", {k: v for k, v in (("quantity", quantity),
                                                                                 ("masked", masked)) if v is not None}),
@@ -318,7 +317,7 @@ def analyze(model, prompts=None, *, max_length: int | None = None, chat: bool = 
         directory = Path(workdir)
         directory.mkdir(parents=True, exist_ok=True)
     stab = _run_stages(samples, directory, settings, quantity=quantity, masked=masked, name=name, device=device,
-                       show=show, write_store=write_store)
+                       show=show)
     from . import store
     from .heads import heads_files
 
@@ -380,7 +379,7 @@ def _attention(model, prompts, *, max_length, chat, layers, heads, device, show)
     return out
 
 
-def _run_stages(samples, d: Path, settings: dict, *, quantity, masked, name, device, show, write_store):
+def _run_stages(samples, d: Path, settings: dict, *, quantity, masked, name, device, show):
     """The workflow's stages on the samples, in `d`: attention, organized and decomposed stores,
     the entropy store, Tables 1 and 2, and the stability store where it runs (its path, or None)."""
     from .api import DECOMPOSE_KEYS, as_attention_store
@@ -388,6 +387,7 @@ def _run_stages(samples, d: Path, settings: dict, *, quantity, masked, name, dev
     from .stages.entropy import entropy
     from .stages.organize import organize
     from .stages.tables import tables
+    from .store import write_store
 
     n = len(samples)
     att = [write_store(as_attention_store(s, i), d / f"attention{i}.zarr") / "zarr.json" for i, s in enumerate(samples)]

@@ -96,7 +96,7 @@ def sample_rows(entropy: xr.Dataset, decomposed: list[xr.Dataset] | None = None,
     stored = np.isfinite(flat["head_entropy"])
     # the ranks and sets are among the stored heads: an unstored pair ranks last and is in no set
     ranked = np.where(stored, flat["head_entropy"], np.inf)
-    k = n_extreme(int(stored[0].sum()) if n_s else 0, fraction) if n_s and stored[0].any() else 0
+    k = n_extreme(int(stored[0].sum()), fraction) if n_s and stored[0].any() else 0
     rank = rank_within(ranked)
     bottom = (rank <= k) & stored
     top_rank = rank_within(-np.where(stored, flat["head_entropy"], -np.inf))
@@ -108,10 +108,10 @@ def sample_rows(entropy: xr.Dataset, decomposed: list[xr.Dataset] | None = None,
     if decomposed is not None:
         if len(decomposed) != n_s:
             raise ValueError(f"decomposed: {len(decomposed)} stores for the entropy store's {n_s} samples")
-        key = {(int(a), int(b)): i for i, (a, b) in enumerate(zip(unit_layer, unit_head))}
+        grid_units = pd.MultiIndex.from_arrays([unit_layer, unit_head])
         for s, ds in enumerate(decomposed):
-            at = np.array([key.get((int(a), int(b)), -1) for a, b in zip(ds["unit_layer"].values,
-                                                                         ds["unit_head"].values)])
+            # each store lists its units in its own order: their positions in the grid, at once
+            at = grid_units.get_indexer(pd.MultiIndex.from_arrays([ds["unit_layer"].values, ds["unit_head"].values]))
             if (at < 0).any():
                 raise ValueError(f"decomposed: sample {s} holds heads the entropy store does not")
             if "unit_kv_group" in ds.coords:
@@ -121,12 +121,11 @@ def sample_rows(entropy: xr.Dataset, decomposed: list[xr.Dataset] | None = None,
                 for c in range(min(2, dc.shape[1])):
                     extra[f"diffusion_{c + 1}"][s, at] = dc[:, c]
             if "fig_rel_residual" in ds and ds.sizes.get("fig_head", 0):
-                fig = [key.get((int(a), int(b)), -1) for a, b in zip(ds["fig_layer"].values,
-                                                                     ds["fig_head_index"].values)]
-                ok = np.array([f >= 0 for f in fig])
-                extra["paraproduct_residual"][s, np.array(fig)[ok]] = ds["fig_rel_residual"].values[ok]
-                extra["paraproduct_residual_original"][s, np.array(fig)[ok]] = \
-                    ds["fig_rel_residual_unorganized"].values[ok]
+                fig = grid_units.get_indexer(pd.MultiIndex.from_arrays([ds["fig_layer"].values,
+                                                                        ds["fig_head_index"].values]))
+                ok = fig >= 0
+                extra["paraproduct_residual"][s, fig[ok]] = ds["fig_rel_residual"].values[ok]
+                extra["paraproduct_residual_original"][s, fig[ok]] = ds["fig_rel_residual_unorganized"].values[ok]
     with np.errstate(divide="ignore", invalid="ignore"):
         scale_free = flat["head_entropy"] / flat["head_l2"]
     df = pd.DataFrame({
