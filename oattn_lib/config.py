@@ -21,7 +21,7 @@ __all__ = ["ConfigError", "SCHEMA", "batch_jobs", "rule_stage", "validate_config
            "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
            "softmax_free_bases", "stability_samples", "explorer_parts",
            "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES",
-           "plan_problem", "section_settings", "compare_pairs"]
+           "plan_problem", "section_settings", "compare_pairs", "compare_heads", "compare_inputs", "compare_targets"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -676,6 +676,23 @@ def compare_pairs(config: dict) -> list[dict]:
                      and type(adapter(ma)) is type(adapter(mb)))
         out.append({"a": pair["a"], "b": pair["b"], "heads": bool(heads)})
     return out
+
+
+def compare_heads(config: dict, a: str, b: str) -> bool:
+    """Whether the pair `a`, `b` of the config's `compare` section is compared head by head."""
+    return next(p["heads"] for p in compare_pairs(config) if (p["a"], p["b"]) == (a, b))
+
+
+def compare_inputs(results: str, a: str, b: str) -> dict[str, str]:
+    """The files rule compare reads of the pair: each model's heads tables and Table 2, named
+    rows_a, summary_a, table2_a and the same with _b."""
+    files = {"rows": "heads.parquet", "summary": "heads_summary.parquet", "table2": "tables/table2.csv"}
+    return {f"{k}_{side}": f"{results}/{name}/{f}" for side, name in (("a", a), ("b", b)) for k, f in files.items()}
+
+
+def compare_targets(config: dict) -> list[str]:
+    """The page of each pair of the config's `compare` section (what rule all asks for)."""
+    return [f"{config['results']}/compare/{p['a']}_vs_{p['b']}/compare.html" for p in compare_pairs(config)]
 
 
 def check_config(config: dict) -> None:

@@ -15,7 +15,7 @@ from oattn_lib import resources as oattn_resources
 from oattn_lib.config import (
     batch_jobs,
     batched_samples,
-    compare_pairs,
+    compare_targets,
     explorer_parts,
     prune_settings,
     shown_samples,
@@ -460,19 +460,6 @@ def theorem1_resources():
     return {"mem_mb": mem_mb, "runtime": runtime}
 
 
-# -- comparisons (compare.smk) --------------------------------------------------------------
-COMPARE = {(p["a"], p["b"]): p for p in compare_pairs(config)}
-
-
-def compare_inputs(wildcards):
-    out = {}
-    for key, name in (("a", wildcards.a), ("b", wildcards.b)):
-        out[f"rows_{key}"] = f"{R}/{name}/heads.parquet"
-        out[f"summary_{key}"] = f"{R}/{name}/heads_summary.parquet"
-        out[f"table2_{key}"] = f"{R}/{name}/tables/table2.csv"
-    return out
-
-
 def all_targets():
     out = [f"{R}/summary.md", f"{R}/explorer.html"]
     for name in MODELS:
@@ -480,7 +467,7 @@ def all_targets():
         out += [f"{R}/{name}/heads.parquet"]
         if name in PRUNED:
             out += [f"{R}/{name}/figures/fig7.png", f"{R}/{name}/tables/table3.md", f"{R}/{name}/tables/table4.md"]
-    out += [f"{R}/compare/{p['a']}_vs_{p['b']}/compare.html" for p in compare_pairs(config)]
+    out += compare_targets(config)
     # the softmax-free experiment (softmax_free.smk): when enabled, and once it has been run,
     # so that the report keeps its Table 5
     sf_table = f"{SF_DIR}/table5.md"

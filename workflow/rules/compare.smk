@@ -1,11 +1,12 @@
 # Pairs of the models' analyses side by side (config `compare`, docs/method.md §15): per pair a
 # head-by-head table (one model on two sets of prompts), the per-sample measures of any two models,
 # a figure and a page, from each model's heads tables and Table 2.
+from oattn_lib.config import compare_heads, compare_inputs
 
 
 rule compare:
     input:
-        unpack(compare_inputs),
+        unpack(lambda wildcards: compare_inputs(R, wildcards.a, wildcards.b)),
     output:
         heads=f"{R}/compare/{{a}}_vs_{{b}}/heads.csv",
         models=f"{R}/compare/{{a}}_vs_{{b}}/models.csv",
@@ -25,7 +26,7 @@ rule compare:
         "../../envs/oattn.yaml"
     threads: 1
     params:
-        heads=lambda wildcards: COMPARE[(wildcards.a, wildcards.b)]["heads"],
+        heads=lambda wildcards: compare_heads(config, wildcards.a, wildcards.b),
         permutations=config["claims"]["permutations"],
         bootstrap=config["claims"]["bootstrap"],
         seed=config["claims"]["seed"],
