@@ -6,7 +6,7 @@ the standard library's documentation, through
 
 - `stream`: the extract stage (`stages.extract.extract`): each layer written to the zarr
   store as the forward pass computes it;
-- `memory`: the former path, every layer recorded in memory (`models.hf.hf_attention`)
+- `memory`: the former path, every layer recorded in memory (`models.hf_recording.hf_attention`)
   and the whole dataset written at the end (`attention_dataset`, `store.write_store`).
 
 - `eager`: transformers' own eager attention, nothing recorded or stored: what the model
@@ -74,7 +74,7 @@ def worker(mode: str, n_tokens: int, dtype: str, layers, prepared: Path, workdir
 
     from oattn_lib import store
     from oattn_lib.config import complete_model
-    from oattn_lib.models.hf import hf_attention, load_hf
+    from oattn_lib.models.hf_recording import hf_attention, load_hf
     from oattn_lib.stages.extract import DTYPES, attention_dataset, extract
 
     torch.set_num_threads(int(os.environ.get("OATTN_BENCH_THREADS", "2")))

@@ -1,11 +1,11 @@
-"""Loading a GGUF model: transformers as a user calls it against `models.hf.load_hf`, which
-parses the file once (`models.hf.gguf_parsed_once`); a benchmark, not a test.
+"""Loading a GGUF model: transformers as a user calls it against `models.hf_recording.load_hf`, which
+parses the file once (`models.hf_recording.gguf_parsed_once`); a benchmark, not a test.
 
 SmolLM2-135M-Instruct (the `smollm2` package's Q4_1 file) loaded into float32 on the CPU,
 config, weights and tokenizer, each way in a fresh process: the CPU time and wall time of the
 load, how many times the GGUF file was parsed (gguf.GGUFReader constructed), and whether the
 two loads give the same attention on one sentence (every recorded score and probability equal).
-Prints one JSON object per way and a summary line.
+Prints one JSON object per way and a summary line; bench/gguf_load.csv records them, a row per way.
 
     python bench/gguf_load.py          # about a minute on 2 cores
 """
@@ -24,25 +24,25 @@ CHILD = """
 import json, sys, time
 
 import torch
-from oattn_lib.models import files, hf
+from oattn_lib.models import files, hf_recording
 
 way, out, sentence = sys.argv[1:4]
 cpu, wall = time.process_time(), time.perf_counter()
-with hf.gguf_parses() as parsed:
+with hf_recording.gguf_parses() as parsed:
     if way == "transformers":
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         directory, name = files.smollm2_path()
         config = AutoConfig.from_pretrained(directory, gguf_file=name, local_files_only=True)
         model = AutoModel.from_pretrained(directory, gguf_file=name, config=config, dtype=torch.float32,
-                                          attn_implementation=hf.register_recording_attention(),
+                                          attn_implementation=hf_recording.register_recording_attention(),
                                           local_files_only=True)
         tok = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
         model.eval()
     else:
-        model, tok = hf.load_hf("smollm2")
+        model, tok = hf_recording.load_hf("smollm2")
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-res = hf.hf_attention(model, tok, [sentence])
+res = hf_recording.hf_attention(model, tok, [sentence])
 torch.save({k: res[k] for k in ("scores", "probs")}, out)
 print(json.dumps({"way": way, "load_cpu_s": round(cpu, 2), "load_wall_s": round(wall, 2), "parsed": len(parsed)}))
 """

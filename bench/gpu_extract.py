@@ -2,7 +2,7 @@
 (a benchmark, not a test; it needs CUDA).
 
 Randomly initialised Llama decoders of two shapes, saved once to a temporary directory and
-loaded by `models.hf.load_hf` as the extract stage loads them: SmolLM2-135M's (30 layers x 9
+loaded by `models.hf_recording.load_hf` as the extract stage loads them: SmolLM2-135M's (30 layers x 9
 query heads over 3 key/value heads, hidden 576) and a 1B-class one (16 layers x 32 heads over
 8, hidden 2048). For each shape, compute dtype (float32, bfloat16, float16) and length, one
 forward pass streams every layer through `AttentionWriter` into a zarr store in float16 (what
@@ -52,7 +52,7 @@ def _extract(model, ids, out: Path, keep: bool):
     import numpy as np
     import torch
 
-    from oattn_lib.models.hf import hf_attention_stream
+    from oattn_lib.models.hf_recording import hf_attention_stream
     from oattn_lib.stages.extract import attention_writer
 
     kept = []
@@ -76,7 +76,7 @@ def _extract(model, ids, out: Path, keep: bool):
 def main() -> None:
     import torch
 
-    from oattn_lib.models.hf import load_hf
+    from oattn_lib.models.hf_recording import load_hf
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="1024,2048")

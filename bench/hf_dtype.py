@@ -3,7 +3,7 @@
 
 SmolLM2-135M-Instruct (the `smollm2` GGUF file, 30 layers x 9 heads, dequantised on loading
 into the compute dtype) on one text of the standard library's documentation cut to N tokens,
-on the CPU, every layer's scores and probabilities recorded by `models.hf.hf_attention_stream`
+on the CPU, every layer's scores and probabilities recorded by `models.hf_recording.hf_attention_stream`
 and moved to the CPU as float32 (what the extract stage receives; nothing is stored).
 
 - `time`: each (dtype, N) in a fresh process: load time, extraction time (one forward pass,
@@ -50,7 +50,7 @@ def _text(tok, n_tokens: int) -> str:
 
 
 def _load(dtype: str):
-    from oattn_lib.models.hf import load_hf
+    from oattn_lib.models.hf_recording import load_hf
 
     t = time.perf_counter()
     model, tok = load_hf("smollm2", dtype=dtype)
@@ -58,7 +58,7 @@ def _load(dtype: str):
 
 
 def _run(model, tok, n_tokens: int, on_layer) -> float:
-    from oattn_lib.models.hf import hf_attention_stream, hf_encode
+    from oattn_lib.models.hf_recording import hf_attention_stream, hf_encode
 
     inputs = hf_encode(model, tok, [_text(tok, n_tokens)], max_length=n_tokens)
     assert inputs["input_ids"].shape[1] == n_tokens

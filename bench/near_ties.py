@@ -49,7 +49,7 @@ import oattn_lib
 from oattn_lib import questionnaire as qn
 from oattn_lib import trees as tr
 from oattn_lib.stability import perturb, rename_tree, same_folders
-from oattn_lib.stages.common import read_network
+from oattn_lib.network import read_network
 
 AXIS_NAMES = "qkh"
 

@@ -19,6 +19,7 @@ stage reads one per ranking sample); the gradient importance (wall time, per sam
 pass); the masked evaluation (wall time, rows, seconds per forward, rows per pass); how much of
 the evaluation's layer passes an ungated-prefix or shared-prefix reuse could save; the peak
 resident memory after each phase; the load average before and after (the machine is shared).
+bench/prune.csv records the masked passes the stage's CPU evaluation budget rests on.
 
     python bench/prune.py                                   # the LLM preset (about 13 minutes, one thread)
     python bench/prune.py --windows 1 --samples 1 --max-masks 6 --eval sdpa eager   # quick, both paths
@@ -137,6 +138,7 @@ def main() -> None:
     from oattn_lib import store
     from oattn_lib.data.stdlib import stdlib_corpus
     from oattn_lib.models import adapter_for
+    from oattn_lib.models.kinds import HeldOut
     from oattn_lib.stages import prune as stage
 
     if not store.store_path(args.attention).exists():
@@ -182,7 +184,7 @@ def main() -> None:
     else:
         grad_rows = eval_rows = stage._rows_per_pass(args.batch_size, layout, n_tokens)
     one, used = loaded.ranking_samples([ds.drop_vars("probs")])
-    samples = ab.HeldOut(one.inputs.repeat(args.samples, 1))
+    samples = HeldOut(one.inputs.repeat(args.samples, 1))
     data, _ = loaded.held_out(one, used, {"hf_windows": args.windows}, np.random.default_rng(0), eval_rows)
 
     fast = _accepts(ab.evaluate_masks, "attention")

@@ -44,7 +44,7 @@ def smollm2_1024(sample: int, reorganize: bool = False) -> Path:
     change of the questionnaire)."""
     from oattn_lib.api import extract
     from oattn_lib.data.stdlib import stdlib_corpus
-    from oattn_lib.models.hf import load_hf
+    from oattn_lib.models.hf_recording import load_hf
 
     d = ROOT / "results" / "bench" / "smollm2-1024"
     att, org, dec = (d / f"{k}{sample}.zarr" for k in ("attention", "organized", "decomposed"))

@@ -5,7 +5,8 @@ before any work: torch's alone takes about 2 s. For each stage this starts a fre
 interpreter `--repeat` times, imports the stage module the way its script does (runtime,
 then the stage), and reports the median start-up as the job itself logs it
 (`runtime.startup_seconds`: from the process's start), the heavy libraries loaded, and the
-largest imports by `python -X importtime`. Prints one JSON object per stage, then a table.
+largest imports by `python -X importtime`. Prints one JSON object per stage, then a table
+(bench/startup.csv records figures it measured).
 
     python bench/startup.py                 # every stage, 3 starts each
     python bench/startup.py organize tables --repeat 5

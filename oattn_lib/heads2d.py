@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import store
-from .stages.common import head_array, model_mask, on_device
+from .network import head_array, model_mask, on_device
 from .trees import PartitionTree, from_padded
 
 __all__ = ["HeadOrganization", "organize_head", "figure_units", "heads_for_2d", "units_2d", "sample_organizations",

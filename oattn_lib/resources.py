@@ -1,50 +1,37 @@
 """What an analysis job asks a cluster for: memory and run time, from what the job holds.
 
-A job of the analysis rules (organize, decompose, organize2d, stability, and entropy, figures and explorer,
-which read one sample at a time) holds a few copies of one sample's network tensor (query x key
-x stored heads, float32 in memory whatever the store keeps) beside the interpreter and its
-libraries. Its peak resident memory is modelled as `base + factor x` the tensor's size, the size
-read from the job's input stores (their largest array, counted as float32; the headers only,
-nothing is loaded), plus a term in the number of tokens (what grows with the length whatever
-the number of heads: trees, sweeps and one head at a time; measured, it grows about linearly
-over 1024-4096 tokens, where a term in one head's tokens x tokens over-asked 2-4 times at
-4096) and, for figures, one head's tokens x tokens as float64 (the temperature figure's
-paraproduct, `largest_head_mb`). The numbers of each rule are fitted to the peaks the jobs'
-logs record (`runtime.job_usage`, the kernel's high-water mark: Snakemake's benchmarks sample
-every 30 s and missed up to 1.2 GB; `bench/resources.py` lists them, `bench/resources.csv`
-records them): the default run
-(64-128 tokens, where the base is most of it), SmolLM2 at 1024 tokens (where the factor is) and
-3 of its layers at 1024, 2048 and 4096 tokens (where the length terms are).
-The entropy job reads only the coarsest coefficients and the level sums of each sample
-(docs/method.md §6.6), so its memory is the base alone. The model is held to within 1.5 times
-every recorded peak and never below it
-(tests/test_resources.py). Each retry after a failure (an out-of-memory kill, a time limit) asks
-for `GROWTH` times the previous attempt's request.
+A job of the analysis rules (organize, decompose, organize2d, stability, and entropy, figures and
+explorer, which read one sample at a time) holds a few copies of one sample's network tensor (query
+x key x stored heads, float32 in memory whatever the store keeps) beside the interpreter and its
+libraries. Its peak resident memory is modelled as `base + factor x` the tensor's size, read from
+the headers of the job's input stores (their largest array, counted as float32; nothing is loaded),
+plus a term linear in the number of tokens (what grows with the length whatever the number of heads:
+trees, sweeps and one head at a time) and, for figures, one head's tokens x tokens as float64 (the
+temperature figure's paraproduct, `largest_head_mb`). The entropy job reads only the coarsest
+coefficients and the level sums of each sample (docs/method.md §6.6), so its memory is the base
+alone. Run time is modelled the same way, `seconds + seconds per MB x` the size on one thread, times
+`TIME_MARGIN` for slower or busier nodes, and never less than `MIN_RUNTIME` minutes. Each retry after
+a failure (an out-of-memory kill, a time limit) asks for `GROWTH` times the previous attempt's request.
 
-Run time is modelled the same way, `seconds + seconds per MB x` the size, with the measured times
-of one thread on a 2-core AMD EPYC, times `TIME_MARGIN` for slower or busier nodes, and never less
-than `MIN_RUNTIME` minutes.
+The jobs that hold a model (extract, prune: `MODEL_JOBS`) are modelled from what they hold instead,
+all of it known before they run (`model_job_features`): the weights (their parameters counted from
+the safetensors headers, or a checkpoint's size, as float32 or the extraction's compute dtype), the
+attention the forward pass holds at once (extract: one layer's heads x tokens^2, the layers being
+written as they come; prune: every layer's, kept for the gradient of the gates) and prune's logits
+(held-out windows x tokens x vocabulary, at most the evaluation budget). Their run time grows with
+the network's attention (layers x heads x tokens^2) times the samples (extract) or the masked passes
+(prune). The theorem1 job (`HEAD_JOBS`) reads one head at a time: its memory is a term in the head's
+length beyond the base, its time the head-samples it measures (`theorem1_head_samples`) times a cost
+per head that grows with the length. Training keeps the profile's `resources.gpu_mem_mb` and
+`gpu_runtime`: only the project's small models train here, too few sizes to fit a model to.
 
-The jobs that hold a model (extract, prune: `MODEL_JOBS`) are modelled from what they hold
-instead, all of it known before they run (`model_job_features`): the weights (their parameters
-counted from the safetensors headers, or a checkpoint's size, as float32 or the extraction's
-compute dtype), the attention the forward pass holds at once (extract: one layer's heads x
-tokens^2, the layers being written as they come; prune: every layer's, kept for the gradient of
-the gates) and prune's logits (held-out windows x tokens x vocabulary, at most the evaluation
-budget). Their run time grows with the network's attention (layers x heads x tokens^2) times the
-samples (extract) or the masked passes (prune). These are fitted to `bench/model_jobs.csv`
-(`python bench/resources.py --model-jobs`) and held to it the same way.
-
-`python bench/resources.py --fit bench/resources.csv` fits the analysis and theorem1 models to the
-record (a linear program per rule) and prints them; the numbers below are its output.
-
-The theorem1 job (`HEAD_JOBS`) reads one head at a time: its memory is a term in the head's length
-beyond the base (measured, it grows about linearly over 1024-4096 tokens), its time the
-head-samples it measures (`theorem1_head_samples`: every sample's heads, at most
-`theorem1.max_heads` each) times a cost per head that grows with the length. Its
-rows of bench/resources.csv count head-samples as their `work`. Training keeps the
-profile's `resources.gpu_mem_mb` and `gpu_runtime`: only the project's small models train here,
-too few sizes to fit a model to.
+The numbers below are fitted, a linear program per rule, to the jobs of finished runs: their peaks
+as their logs record them (`runtime.job_usage`, the kernel's high-water mark, which Snakemake's
+sampled benchmarks can miss) and their times. `bench/resources.py` measures them into
+`bench/resources.csv` (analysis and theorem1 jobs; a theorem1 row's `work` is its head-samples) and,
+with `--model-jobs`, `bench/model_jobs.csv`; with `--fit RECORD` it prints the numbers. The records
+say which runs and lengths the fit covers; tests/test_resources.py holds the model within 1.5 times
+every recorded peak and never below it.
 """
 from __future__ import annotations
 
@@ -53,7 +40,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from safetensors import SafetensorError, safe_open
+from .data.safetensors_header import read_safetensors_header
 
 __all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "largest_head_mb", "head_tokens",
            "memory_mb", "stored_heads", "HeadJob", "HEAD_JOBS", "theorem1_head_samples", "head_job_memory_mb",
@@ -222,8 +209,8 @@ class HeadJob:
     per_token: float = 0.0
 
 
-# Fitted to the theorem1 rows of bench/resources.csv (`work`: the head-samples measured): the
-# default run's four models (64-128 tokens) and SmolLM2 at 1024 (270 and 27 heads), 2048 and 4096 tokens.
+# Fitted to the theorem1 rows of bench/resources.csv (`work`: the head-samples measured; `source`
+# names the runs): `python bench/resources.py --fit bench/resources.csv`.
 HEAD_JOBS = {"theorem1": HeadJob(720.0, 0.0, 0.0, 0.784, 1.17, per_token=1.16)}
 
 
@@ -273,8 +260,8 @@ class ModelJob:
     s_per_mb: float
 
 
-# Fitted to bench/model_jobs.csv (`python bench/resources.py --fit bench/model_jobs.csv`): the
-# default run's four models (64-128 tokens) and SmolLM2 at 1024 and 4096 tokens.
+# Fitted to bench/model_jobs.csv (`python bench/resources.py --fit bench/model_jobs.csv`; its
+# `source` column names the runs).
 MODEL_JOBS = {
     "extract": ModelJob(828.0, 1.44, 4.79, 0.0, 20.0, 0.00461),
     "prune": ModelJob(935.0, 2.63, 0.995, 1.84, 216.0, 0.00201),
@@ -291,10 +278,9 @@ class PrepareJob:
 
 
 PREPARE_JOB = PrepareJob(1000.0, 2.0)
-"""prepare_model's model (`prepare_memory_mb`). Measured: SmolLM2-135M (a 98 MB Q4_1 file, 134.5M
-parameters, 538 MB as float32) peaks at 1.6 GB as a workflow job and at up to 1.9 GB in a fresh
-process of the test environment, so it asks 2.1 GB (tests/test_decoders.py runs the job's code in
-a fresh process and holds the ask to its peak)."""
+"""prepare_model's model (`prepare_memory_mb`): the base is the interpreter, torch and transformers
+beside the two copies of the weights. tests/test_decoders.py runs the job's code in a fresh process
+on one thread, as the job runs, and holds the ask between its peak and 1.5 times it."""
 
 
 def prepare_memory_mb(gguf_path: str | os.PathLike | None, attempt: int = 1, fallback_mb: float = 22000.0) -> int:
@@ -315,13 +301,9 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 
 
 def _safetensors_params(path: str) -> int:
-    """Parameters of a safetensors file, from its header: `safetensors.safe_open` reads and
-    validates the header and maps the file, never reading the tensors."""
-    try:
-        with safe_open(path, framework="numpy") as f:
-            return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-    except SafetensorError as exc:
-        raise ValueError(f"{path}: not a valid safetensors file ({exc})") from None
+    """Parameters of a safetensors file, from its header (`data.safetensors_header`, which checks it
+    against the file and names the file in its error); no tensor is read."""
+    return sum(math.prod(a.shape) for a in read_safetensors_header(path).arrays.values())
 
 
 def parameter_count(paths) -> int:

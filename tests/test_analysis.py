@@ -25,7 +25,7 @@ FAST = {"organize": {"n_iters": 1}, "decompose": {"questionnaire2d_iters": 2, "r
 
 @pytest.fixture(scope="module")
 def minilm():
-    from oattn_lib.models.hf import load_hf
+    from oattn_lib.models.hf_recording import load_hf
 
     return load_hf("minilm")
 

@@ -35,7 +35,7 @@ def schema_defaults(section: str) -> dict:
 
 @pytest.fixture(scope="module")
 def minilm():
-    from oattn_lib.models.hf import load_hf
+    from oattn_lib.models.hf_recording import load_hf
 
     return load_hf("minilm")
 
@@ -107,7 +107,7 @@ def test_the_example_runs_and_prints_what_the_stages_compute(tmp_path, minilm):
 
 # -- extraction ----------------------------------------------------------------------------------
 def test_prompts_of_different_lengths_keep_their_own_tokens(subset, minilm):
-    from oattn_lib.models.hf import hf_attention
+    from oattn_lib.models.hf_recording import hf_attention
 
     net, tok = minilm
     lengths = [d.sizes["query"] for d in subset]
@@ -118,7 +118,7 @@ def test_prompts_of_different_lengths_keep_their_own_tokens(subset, minilm):
         assert ds.sizes["key"] == ds.sizes["query"] and bool(ds["allowed"].all())  # unpadded: nothing masked
         assert ds["layer"].values.tolist() == [1, 3] and ds["head"].values.tolist() == [0, 2, 5]
         assert list(ds["token_text"].values) == tok.convert_ids_to_tokens(ds["token"].values.tolist())
-        # the recording attention of models.hf, by its other entry point
+        # the recording attention of models.hf_recording, by its other entry point
         ref = hf_attention(net, tok, [ds.attrs["prompt"]])
         for q in ("scores", "probs"):
             want = ref[q][0].numpy()[np.ix_([1, 3], [0, 2, 5])]

@@ -15,7 +15,7 @@ import torch
 import xarray as xr
 
 from oattn_lib.config import complete_model
-from oattn_lib.models import files, hf
+from oattn_lib.models import files, hf_recording
 from oattn_lib.stages.extract import extract
 
 WORDS = [f"w{i}" for i in range(40)]
@@ -96,11 +96,11 @@ def run(decoder):
     """The decoder through load_hf / hf_attention, and through transformers' own eager attention."""
     from transformers import AutoModel
     name, d, cfg = decoder
-    model, tok = hf.load_hf(d)
+    model, tok = hf_recording.load_hf(d)
     texts = [TEXTS[0], " ".join(TEXTS[1].split()[:9])]                    # two lengths: padded keys too
-    res = hf.hf_attention(model, tok, texts, max_length=MAX_LEN)
+    res = hf_recording.hf_attention(model, tok, texts, max_length=MAX_LEN)
     eager = AutoModel.from_pretrained(d, attn_implementation="eager").eval()
-    enc = hf.hf_encode(eager, tok, texts, MAX_LEN)
+    enc = hf_recording.hf_encode(eager, tok, texts, MAX_LEN)
     with torch.no_grad():
         ref = eager(**enc, output_attentions=True)
         ours = model(**enc)
@@ -109,7 +109,7 @@ def run(decoder):
 
 def test_probs_are_transformers_eager_attention(decoder, run):
     _, _, res, ref, ours = run
-    assert hf.attn_implementation(run[0]) == hf.ATTN_IMPLEMENTATION
+    assert hf_recording.attn_implementation(run[0]) == hf_recording.ATTN_IMPLEMENTATION
     torch.testing.assert_close(res["probs"], torch.stack(ref.attentions, 1).float(), rtol=0, atol=1e-6)
     torch.testing.assert_close(ours.last_hidden_state, ref.last_hidden_state, rtol=0, atol=1e-6)
 
@@ -157,9 +157,10 @@ def test_kv_group_is_the_configs_grouping(decoder, run):
 
 def test_causal_lm_records_the_same_attention(decoder, run):
     tok, res = run[1], run[2]
-    lm, _ = hf.load_hf(decoder[1], causal_lm=True)
-    assert type(lm).__name__.endswith("ForCausalLM") and hf.attn_implementation(lm) == hf.ATTN_IMPLEMENTATION
-    r = hf.hf_attention(lm, tok, [TEXTS[0], " ".join(TEXTS[1].split()[:9])], max_length=MAX_LEN)
+    lm, _ = hf_recording.load_hf(decoder[1], causal_lm=True)
+    assert type(lm).__name__.endswith("ForCausalLM")
+    assert hf_recording.attn_implementation(lm) == hf_recording.ATTN_IMPLEMENTATION
+    r = hf_recording.hf_attention(lm, tok, [TEXTS[0], " ".join(TEXTS[1].split()[:9])], max_length=MAX_LEN)
     torch.testing.assert_close(r["probs"], res["probs"], rtol=0, atol=0)  # same weights, code and batch: exactly
 
 
@@ -180,8 +181,8 @@ def stage(decoder, tmp_path, name="sample0", **extract_cfg):
     out = tmp_path / f"{name}.zarr"
     extract("hf", m, None, _meta(tmp_path), None, out / "zarr.json", 0, device="cpu", config_slice=m)
     ds = xr.open_zarr(out, consolidated=False).load()
-    model, tok = hf.load_hf(d)
-    return ds, hf.hf_attention(model, tok, [TEXTS[ds.attrs["source_index"]]], max_length=MAX_LEN)
+    model, tok = hf_recording.load_hf(d)
+    return ds, hf_recording.hf_attention(model, tok, [TEXTS[ds.attrs["source_index"]]], max_length=MAX_LEN)
 
 
 def test_streamed_store_equals_the_in_memory_result(decoder, tmp_path):
@@ -259,7 +260,7 @@ def test_bad_selection_is_an_error_naming_the_key(decoder, tmp_path):
 
 def test_a_crash_mid_forward_leaves_no_store_and_no_temporary(decoder, tmp_path, monkeypatch):
     calls = []
-    real = hf.recording_attention_forward
+    real = hf_recording.recording_attention_forward
 
     def failing(module, *args, **kwargs):
         calls.append(module)
@@ -268,13 +269,13 @@ def test_a_crash_mid_forward_leaves_no_store_and_no_temporary(decoder, tmp_path,
         return real(module, *args, **kwargs)
 
     # load_hf registers the module's recording function: this one fails in the second layer
-    monkeypatch.setattr(hf, "recording_attention_forward", failing)
+    monkeypatch.setattr(hf_recording, "recording_attention_forward", failing)
     try:
         with pytest.raises(RuntimeError, match="simulated"):
             stage(decoder, tmp_path)
     finally:
         monkeypatch.undo()
-        hf.register_recording_attention()
+        hf_recording.register_recording_attention()
     assert len(calls) == 2
     assert not (tmp_path / "sample0.zarr").exists()
     assert not list(tmp_path.glob(".sample0.zarr*"))
@@ -290,9 +291,9 @@ SENTENCE = "Attention maps of a small language model, extracted layer by layer."
 def smollm2():
     """SmolLM2 loaded from its GGUF file, its attention on SENTENCE, and the paths of the GGUF
     files transformers parsed on the way."""
-    with hf.gguf_parses() as parsed:
-        model, tok = hf.load_hf("smollm2")
-    return model, tok, hf.hf_attention(model, tok, [SENTENCE]), parsed
+    with hf_recording.gguf_parses() as parsed:
+        model, tok = hf_recording.load_hf("smollm2")
+    return model, tok, hf_recording.hf_attention(model, tok, [SENTENCE]), parsed
 
 
 def tiny_gguf(path: Path) -> Path:
@@ -314,7 +315,7 @@ def test_gguf_parsed_once_keeps_one_reader_per_file_and_restores_gguf(tmp_path):
 
     a, b = tiny_gguf(tmp_path / "a.gguf"), tiny_gguf(tmp_path / "b.gguf")
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    with hf.gguf_parsed_once():
+    with hf_recording.gguf_parsed_once():
         first = gguf.GGUFReader(a)
         assert gguf.GGUFReader(str(a)) is first and gguf.GGUFReader(tmp_path / "." / "a.gguf") is first
         assert gguf.GGUFReader(b) is not first and gguf.GGUFReader(a, "c") is not first
@@ -325,10 +326,10 @@ def test_gguf_parsed_once_keeps_one_reader_per_file_and_restores_gguf(tmp_path):
         assert m.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)
     assert gguf.GGUFReader(a) is not first  # a plain reader again
-    with hf.gguf_parses() as parsed, hf.gguf_parsed_once():
+    with hf_recording.gguf_parses() as parsed, hf_recording.gguf_parsed_once():
         assert gguf.GGUFReader(a) is gguf.GGUFReader(a) and gguf.GGUFReader(b) is not None
     assert parsed == [str(a), str(b)] and gguf.GGUFReader is reader_class
-    with pytest.raises(RuntimeError), hf.gguf_parsed_once():
+    with pytest.raises(RuntimeError), hf_recording.gguf_parsed_once():
         raise RuntimeError("a load that fails")
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)
 
@@ -398,14 +399,14 @@ def test_prepare_model_gives_the_gguf_models_attention(smollm2, tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json", "source.json"} <= {p.name for p in out.iterdir()}
     assert not list(out.parent.glob(".model.tmp-*"))
     assert json.loads((out / "source.json").read_text())["gguf_file"] == files.SMOLLM2_FILE
-    model, tok = hf.load_hf(out)
-    res = hf.hf_attention(model, tok, [SENTENCE])
+    model, tok = hf_recording.load_hf(out)
+    res = hf_recording.hf_attention(model, tok, [SENTENCE])
     ref = smollm2[2]
     assert res["input_ids"].tolist() == ref["input_ids"].tolist()
     for v in ("scores", "probs"):
         torch.testing.assert_close(res[v], ref[v], rtol=0, atol=1e-6)
     # the language-modelling head came along: the prepared model completes a sentence
-    lm, tok = hf.load_hf(out, causal_lm=True)
+    lm, tok = hf_recording.load_hf(out, causal_lm=True)
     enc = tok(["The capital of France is"], return_tensors="pt")
     with torch.no_grad():
         logits = lm(**enc).logits
@@ -416,7 +417,7 @@ def test_prepare_model_gives_the_gguf_models_attention(smollm2, tmp_path):
 def test_txl_store_has_kv_group_allowed_and_selection(tmp_path):
     """A TXL store carries kv_group = head (no grouped-query attention) and its causal mask as
     `allowed`; a layer/head selection stores the model's indices."""
-    from oattn_lib.models.txl import TransformerXL, TXLConfig
+    from oattn_lib.models.transformer_xl import TransformerXL, TXLConfig
     arch = {"n_layer": 3, "n_head": 2, "d_model": 8, "d_head": 4, "d_inner": 16, "tgt_len": 6, "mem_len": 6,
             "dropout": 0.0}
     net = TransformerXL(TXLConfig(n_token=20, **arch), seed=0)

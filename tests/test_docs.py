@@ -263,7 +263,7 @@ MOVED = {
                  "bench/gpu_extract.py"],
     "Python API": ["stability_replicates", "explorer_page", "cap_threads", "examples/api_tour.py", "NUMBA_CACHE_DIR",
                    "python -m oattn_lib.stages.kernels"],
-    "layout": ["stages.common", "read_network", "kernel_notice", "__assets__", "bench/compare_results.py"],
+    "layout": ["`network`: the one reader", "read_network", "kernel_notice", "__assets__", "bench/compare_results.py"],
     "tests": ["CORES=8", "OATTN_TEST_FORK=0", "make test-slow", "--disable-plugin-autoload", "bench/budget.yaml",
               ".ci/no_avx512.sh", ".ci/slurm.sh", "bench/fresh_clone.sh"],
     "citation and licence": ["CITATION.cff", "oattn_version", "CHANGELOG.md", "MIT"],

@@ -1,8 +1,10 @@
 """Haar entropies, sparsity, Table 1 counts and stability (docs/method.md §6)."""
+import logging
+
 import numpy as np
 import pytest
 
-from oattn_lib.entropy import (coarsest, extreme_heads, head_entropy, head_sparsity,
+from oattn_lib.entropy import (clamped_top_k, coarsest, extreme_heads, head_entropy, head_sparsity,
                                jaccard_stability, network_entropy, network_sparsity)
 from oattn_lib.haar import haar_basis
 from oattn_lib.questionnaire import Organization
@@ -106,6 +108,28 @@ def test_coarsest_prefers_large_support_then_coarse_level():
     assert idx.tolist() == [0, 3, 2, 5]
     with pytest.raises(ValueError, match="top_k"):
         coarsest([np.ones(3), np.ones(3)], [np.zeros(3), np.zeros(3)], 10)
+
+
+def test_top_k_is_clamped_to_the_coefficients_a_short_sample_has(caplog):
+    # the rule of the entropy stage, the stability replicates and the API: top_k where the sample has as
+    # many basis functions, else all of them, which `coarsest` then accepts; said only where it clamps
+    rng = np.random.default_rng(0)
+    for shape in [(3, 4), (2, 5), (3, 4, 2), (1, 1, 7)]:
+        total = int(np.prod(shape))
+        for top_k in (1, total - 1, total, total + 1, 10 * total):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="oattn"):
+                k = clamped_top_k(top_k, shape, "entropy.head_top_k", "sample0.zarr")
+            assert k == min(top_k, total)
+            assert bool(caplog.records) == (top_k > total)
+            supports = [rng.integers(1, 5, n) for n in shape]
+            assert coarsest(supports, [np.zeros(n, dtype=np.int64) for n in shape], k).size == k
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="oattn"):
+        assert clamped_top_k(100, (3, 4, 5), "entropy.network_top_k", "sample3.zarr") == 60
+    [record] = caplog.records
+    assert record.getMessage().startswith("sample3.zarr: 60 tri-Haar coefficients, fewer than entropy.network_top_k "
+                                          "= 100")
 
 
 def test_extreme_heads_and_jaccard():

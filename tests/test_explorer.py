@@ -532,7 +532,7 @@ def test_grid_shows_the_entropy_store_by_layer_and_head(open_page, built, model)
 @pytest.mark.workflow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_clicking_a_head_in_the_grid_shows_that_heads_data(open_page, built, model):
-    from oattn_lib.stages.common import load_organization
+    from oattn_lib.network import load_organization
 
     res = built["results"]
     p = open_page(model)
@@ -682,7 +682,7 @@ def test_the_grid_and_the_info_line_show_each_heads_spread_over_the_replicates(o
 
 @pytest.mark.workflow
 def test_level_of_detail_page_averages_over_tree_folders(open_page, built):
-    from oattn_lib.stages.common import load_organization
+    from oattn_lib.network import load_organization
 
     res = built["results"]
     p = open_page("lm-lod")

@@ -225,7 +225,7 @@ def test_empty_corpus_and_wrong_image_batches_are_clear_errors(tmp_path):
 
 # -- determinism ------------------------------------------------------------------------------
 def test_same_seed_same_store_and_analysis_independent_of_training_seed(tmp_path):
-    from oattn_lib.models.txl import TransformerXL, TXLConfig
+    from oattn_lib.models.transformer_xl import TransformerXL, TXLConfig
     from oattn_lib.questionnaire import questionnaire3d
     from oattn_lib.train import train_txl
     tokens = torch.from_numpy(np.random.default_rng(0).integers(0, 50, 3000))

@@ -179,7 +179,7 @@ def analysed(request, tmp_path_factory):
 
 def test_organize_decompose_and_entropy_on_the_gpu_give_the_cpus(analysed):
     from oattn_lib.stability import same_folders
-    from oattn_lib.stages.common import load_organization
+    from oattn_lib.network import load_organization
     for i in range(2):
         a, b = (load_organization(analysed[dev][1][i])[0] for dev in ("cpu", GPU))
         for axis in "qkh":

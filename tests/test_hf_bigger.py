@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oattn_lib.models import hf
+from oattn_lib.models import hf_recording
 
 WORDS = [f"w{i}" for i in range(40)]
 TEXTS = [" ".join(WORDS[(7 * i + j) % 40] for j in range(12)) for i in range(2)]
@@ -55,9 +55,9 @@ def save_llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fp32(llama_dir):
-    model, tok = hf.load_hf(llama_dir)
+    model, tok = hf_recording.load_hf(llama_dir)
     texts = [TEXTS[0], " ".join(TEXTS[1].split()[:7])]  # two lengths: padded keys too
-    return model, tok, texts, hf.hf_attention(model, tok, texts, max_length=MAX_LEN)
+    return model, tok, texts, hf_recording.hf_attention(model, tok, texts, max_length=MAX_LEN)
 
 
 # ------------------------------------------------------------------------ compute dtype
@@ -75,9 +75,9 @@ BF16_SCORES_RTOL = 0.1
 
 def test_bfloat16_attention_is_close_to_float32_but_not_equal(llama_dir, fp32):
     model32, tok, texts, ref = fp32
-    model, _ = hf.load_hf(llama_dir, dtype="bfloat16")
+    model, _ = hf_recording.load_hf(llama_dir, dtype="bfloat16")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    res = hf.hf_attention(model, tok, texts, max_length=MAX_LEN)
+    res = hf_recording.hf_attention(model, tok, texts, max_length=MAX_LEN)
     assert res["scores"].dtype == res["probs"].dtype == torch.float32
     # the forward pass ran in bfloat16: every score is a bfloat16 number (the float32 model's are not)
     assert torch.equal(res["scores"].to(torch.bfloat16).float(), res["scores"])
@@ -101,9 +101,9 @@ def test_bfloat16_attention_is_close_to_float32_but_not_equal(llama_dir, fp32):
 
 
 def test_bfloat16_stream_gives_float32_copies(llama_dir, fp32):
-    model, tok = hf.load_hf(llama_dir, dtype=torch.bfloat16)
+    model, tok = hf_recording.load_hf(llama_dir, dtype=torch.bfloat16)
     calls = []
-    n = hf.hf_attention_stream(model, hf.hf_encode(model, tok, fp32[2], MAX_LEN), calls.append)
+    n = hf_recording.hf_attention_stream(model, hf_recording.hf_encode(model, tok, fp32[2], MAX_LEN), calls.append)
     assert n == 3 and [c.layer for c in calls] == [0, 1, 2] and {c.stack for c in calls} == {None}
     assert {c.scores.dtype for c in calls} == {c.probs.dtype for c in calls} == {torch.float32}
 
@@ -123,11 +123,12 @@ def test_half_precision_mask_does_not_overflow():
     allowed[..., 0, :] = False
     allowed[..., 1:, 0] = False
     module = torch.nn.Module().eval()
-    with hf.record_attention() as rec32:
-        hf.recording_attention_forward(module, q, k, v, torch.where(allowed, 0.0, torch.finfo(torch.float32).min))
+    with hf_recording.record_attention() as rec32:
+        hf_recording.recording_attention_forward(module, q, k, v,
+                                                 torch.where(allowed, 0.0, torch.finfo(torch.float32).min))
     half = [x.half() for x in (q, k, v)]
-    with hf.record_attention() as rec16:
-        out, probs = hf.recording_attention_forward(
+    with hf_recording.record_attention() as rec16:
+        out, probs = hf_recording.recording_attention_forward(
             module, *half, torch.where(allowed, 0.0, torch.finfo(torch.float16).min).half())
     assert (rec16.scores[0][0, :, 0] < -20).all()  # the all-masked row would overflow
     assert probs.dtype == torch.float16 and torch.isfinite(out).all()
@@ -142,22 +143,22 @@ def test_half_precision_mask_does_not_overflow():
 def test_float16_on_cpu_is_a_clear_error(llama_dir):
     for kwargs in ({}, {"device": "cpu"}, {"device_map": "auto"}, {"device_map": {"": "cpu"}}):
         with pytest.raises(ValueError, match="compute_dtype: float16 runs on a GPU only"):
-            hf.load_hf(llama_dir, dtype=torch.float16, **kwargs)
+            hf_recording.load_hf(llama_dir, dtype=torch.float16, **kwargs)
     with pytest.raises(ValueError, match="compute_dtype.*allowed: float32, bfloat16, float16"):
-        hf.load_hf(llama_dir, dtype="half")
+        hf_recording.load_hf(llama_dir, dtype="half")
     with pytest.raises(ValueError, match="device and device_map"):
-        hf.load_hf(llama_dir, device="cpu", device_map="auto")
+        hf_recording.load_hf(llama_dir, device="cpu", device_map="auto")
 
 
 # ------------------------------------------------------------------------ device_map
 
 @pytest.mark.parametrize("device_map", ["auto", {"": "cpu"}])
 def test_device_map_gives_the_attention_of_the_plain_load(llama_dir, fp32, device_map):
-    model, tok = hf.load_hf(llama_dir, device_map=device_map)
+    model, tok = hf_recording.load_hf(llama_dir, device_map=device_map)
     on_gpu = device_map == "auto" and torch.cuda.is_available()
     assert {p.device.type for p in model.parameters()} == {"cuda" if on_gpu else "cpu"} and not model.training
-    assert hf.attn_implementation(model) == hf.ATTN_IMPLEMENTATION
-    res = hf.hf_attention(model, tok, fp32[2], max_length=MAX_LEN)
+    assert hf_recording.attn_implementation(model) == hf_recording.ATTN_IMPLEMENTATION
+    res = hf_recording.hf_attention(model, tok, fp32[2], max_length=MAX_LEN)
     assert torch.equal(res["allowed"], fp32[3]["allowed"])
     for key in ("scores", "probs"):
         if on_gpu:  # other kernels, other rounding
@@ -168,10 +169,10 @@ def test_device_map_gives_the_attention_of_the_plain_load(llama_dir, fp32, devic
 
 
 def test_stream_moves_each_layer_to_the_cpu_when_asked(llama_dir, fp32):
-    model, tok = hf.load_hf(llama_dir)
-    enc = hf.hf_encode(model, tok, fp32[2], MAX_LEN)
+    model, tok = hf_recording.load_hf(llama_dir)
+    enc = hf_recording.hf_encode(model, tok, fp32[2], MAX_LEN)
     seen = []
-    hf.hf_attention_stream(model, enc, lambda c: seen.append((c.scores.device, c.probs.device)), to_cpu=True)
+    hf_recording.hf_attention_stream(model, enc, lambda c: seen.append((c.scores.device, c.probs.device)), to_cpu=True)
     assert set(seen) == {(torch.device("cpu"),) * 2}
 
 
@@ -181,12 +182,12 @@ def test_gpu_half_precision_and_layers_on_two_devices(llama_dir, fp32, dtype):
     """Layer 0 on the GPU, the others on the CPU: the attention of every layer is recorded,
     moved to the CPU, and close to float32 on the CPU."""
     if dtype == torch.float16:
-        model, tok = hf.load_hf(llama_dir, dtype=dtype, device_map="auto")
+        model, tok = hf_recording.load_hf(llama_dir, dtype=dtype, device_map="auto")
     else:
         device_map = {"embed_tokens": 0, "rotary_emb": 0, "layers.0": 0, "layers.1": "cpu", "layers.2": "cpu",
                       "norm": "cpu"}
-        model, tok = hf.load_hf(llama_dir, dtype=dtype, device_map=device_map)
-    res = hf.hf_attention(model, tok, fp32[2], max_length=MAX_LEN)
+        model, tok = hf_recording.load_hf(llama_dir, dtype=dtype, device_map=device_map)
+    res = hf_recording.hf_attention(model, tok, fp32[2], max_length=MAX_LEN)
     ref = fp32[3]
     assert res["probs"].device.type == "cpu" and res["probs"].shape == ref["probs"].shape
     assert torch.equal(res["allowed"], ref["allowed"])
@@ -210,7 +211,7 @@ def _bart():
 
 
 SEQ2SEQ = {"t5": _t5, "bart": _bart}
-EAGER_FIELDS = dict(zip(hf.STACKS, ("encoder_attentions", "decoder_attentions", "cross_attentions")))
+EAGER_FIELDS = dict(zip(hf_recording.STACKS, ("encoder_attentions", "decoder_attentions", "cross_attentions")))
 
 
 @pytest.fixture(scope="module", params=sorted(SEQ2SEQ))
@@ -220,7 +221,7 @@ def seq2seq(request):
     torch.manual_seed(0)
     # each with a config of its own, where the attention implementation lives, set at construction
     # (T5 copies the config into its stacks)
-    model = cls._from_config(copy.deepcopy(cfg), attn_implementation=hf.register_recording_attention()).eval()
+    model = cls._from_config(copy.deepcopy(cfg), attn_implementation=hf_recording.register_recording_attention()).eval()
     eager = cls._from_config(copy.deepcopy(cfg), attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())
     return request.param, model, eager
@@ -244,11 +245,11 @@ def test_seq2seq_attention_is_transformers_eager_attention(seq2seq, n_source, n_
     told apart."""
     _, model, eager = seq2seq
     inputs = _ids(n_source, n_target)
-    res = hf.hf_seq2seq_attention(model, None, None, None, inputs=inputs)
+    res = hf_recording.hf_seq2seq_attention(model, None, None, None, inputs=inputs)
     with torch.no_grad():
         ref = eager(**inputs, output_attentions=True, use_cache=False)
     shapes = {"encoder": (n_source, n_source), "decoder": (n_target, n_target), "cross": (n_target, n_source)}
-    for stack in hf.STACKS:
+    for stack in hf_recording.STACKS:
         r = res[stack]
         assert r["probs"].shape == r["scores"].shape == (2, 2, 2, *shapes[stack])
         assert r["allowed"].shape == (2, 2, *shapes[stack]) and r["kv_group"].tolist() == [[0, 1], [0, 1]]
@@ -262,14 +263,14 @@ def test_seq2seq_attention_is_transformers_eager_attention(seq2seq, n_source, n_
 
 def test_seq2seq_allowed_masks(seq2seq):
     _, model, _ = seq2seq
-    res = hf.hf_seq2seq_attention(model, None, None, None, inputs=_ids(7, 4))
+    res = hf_recording.hf_seq2seq_attention(model, None, None, None, inputs=_ids(7, 4))
     src = torch.tensor([[1] * 7, [1] * 5 + [0] * 2], dtype=torch.bool)
     dec = torch.tensor([[1] * 4, [1] * 3 + [0]], dtype=torch.bool)
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
     expected = {"encoder": src[:, None, None, :].expand(2, 2, 7, 7),
                 "decoder": (causal & dec[:, None, :])[:, None].expand(2, 2, 4, 4),
                 "cross": src[:, None, None, :].expand(2, 2, 4, 7)}
-    for stack in hf.STACKS:
+    for stack in hf_recording.STACKS:
         assert torch.equal(res[stack]["allowed"], expected[stack]), stack
         assert (res[stack]["probs"] * ~expected[stack][:, :, None] == 0).all()
     # the probabilities are not degenerate: the comparisons above test something
@@ -279,7 +280,7 @@ def test_seq2seq_allowed_masks(seq2seq):
 def test_seq2seq_stream_names_stacks_and_layers(seq2seq):
     name, model, _ = seq2seq
     calls = []
-    n = hf.hf_attention_stream(model, _ids(7, 4), calls.append)
+    n = hf_recording.hf_attention_stream(model, _ids(7, 4), calls.append)
     names = {id(m): k for k, m in model.named_modules()}
     assert n == 6
     assert [(c.stack, c.layer) for c in calls] == [("encoder", 0), ("encoder", 1), ("decoder", 0), ("cross", 0),
@@ -292,13 +293,13 @@ def test_seq2seq_stream_names_stacks_and_layers(seq2seq):
 def test_seq2seq_eager_model_gives_probabilities_only(seq2seq):
     _, model, eager = seq2seq
     inputs = _ids(7, 4)
-    ours = hf.hf_seq2seq_attention(model, None, None, None, inputs=inputs)
-    res = hf.hf_seq2seq_attention(eager, None, None, None, inputs=inputs)
-    for stack in hf.STACKS:
+    ours = hf_recording.hf_seq2seq_attention(model, None, None, None, inputs=inputs)
+    res = hf_recording.hf_seq2seq_attention(eager, None, None, None, inputs=inputs)
+    for stack in hf_recording.STACKS:
         assert res[stack]["scores"] is None and res[stack]["allowed"] is None
         torch.testing.assert_close(res[stack]["probs"], ours[stack]["probs"], rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="encoder-decoder.*hf_seq2seq_attention"):
-        hf.hf_attention(model, None, ["w1 w2"])
+        hf_recording.hf_attention(model, None, ["w1 w2"])
 
 
 def test_seq2seq_from_texts_through_load_hf(tmp_path):
@@ -308,19 +309,19 @@ def test_seq2seq_from_texts_through_load_hf(tmp_path):
     torch.manual_seed(0)
     cls(cfg).eval().save_pretrained(tmp_path)
     word_tokenizer(tmp_path, eos=True)
-    model, tok = hf.load_hf(tmp_path)
-    assert hf.attn_implementation(model) == hf.ATTN_IMPLEMENTATION
+    model, tok = hf_recording.load_hf(tmp_path)
+    assert hf_recording.attn_implementation(model) == hf_recording.ATTN_IMPLEMENTATION
     source, target = [TEXTS[0], "w1 w2 w3"], ["w5 w6 w7 w8", "w9 w10"]
-    inputs = hf.hf_seq2seq_encode(model, tok, source, target, max_length=MAX_LEN)
+    inputs = hf_recording.hf_seq2seq_encode(model, tok, source, target, max_length=MAX_LEN)
     tgt = tok(target, padding="longest", return_tensors="pt")
     assert inputs["input_ids"].shape == (2, MAX_LEN) and tgt["input_ids"].shape == (2, 5)
     assert (inputs["decoder_input_ids"][:, 0] == 0).all()
     assert torch.equal(inputs["decoder_input_ids"][:, 1:], tgt["input_ids"][:, :-1])
     assert inputs["decoder_attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
-    res = hf.hf_seq2seq_attention(model, tok, source, target, max_length=MAX_LEN)
+    res = hf_recording.hf_seq2seq_attention(model, tok, source, target, max_length=MAX_LEN)
     assert res["cross"]["probs"].shape == (2, 2, 2, 5, MAX_LEN)
     assert res["decoder_tokens"][1] == ["[PAD]", "w9", "w10", "[EOS]", "[PAD]"]
     assert res["tokens"][1][:4] == ["w1", "w2", "w3", "[EOS]"]
     assert not res["cross"]["allowed"][1, :, :, 4:].any() and res["cross"]["allowed"][1, :, :, :4].all()
     with pytest.raises(ValueError, match="target_texts: 1 targets for 2 source texts"):
-        hf.hf_seq2seq_encode(model, tok, source, target[:1])
+        hf_recording.hf_seq2seq_encode(model, tok, source, target[:1])

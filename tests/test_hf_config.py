@@ -16,7 +16,7 @@ import torch
 import xarray as xr
 
 from oattn_lib.config import ConfigError, complete_model, n_units
-from oattn_lib.models import hf
+from oattn_lib.models import hf_recording
 from oattn_lib.stages.data import prepare_data
 from oattn_lib.stages.extract import extract_samples
 
@@ -193,7 +193,7 @@ def test_each_stack_is_transformers_eager_attention(stacks):
 
     tok = AutoTokenizer.from_pretrained(d)
     for i in range(2):
-        inputs = hf.hf_seq2seq_encode(eager, tok, [RECORDS[i]["src"]], [RECORDS[i]["tgt"]], MAX_LEN)
+        inputs = hf_recording.hf_seq2seq_encode(eager, tok, [RECORDS[i]["src"]], [RECORDS[i]["tgt"]], MAX_LEN)
         with torch.no_grad():
             ref = eager(**inputs, output_attentions=True, use_cache=False)
         n_enc, n_dec = inputs["input_ids"].shape[1], inputs["decoder_input_ids"].shape[1]

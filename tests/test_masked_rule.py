@@ -12,7 +12,7 @@ import xarray as xr
 from oattn_lib import store
 from oattn_lib.both_masked import OTHER_RULE, both_masked_models, other_rule
 from oattn_lib.config import SCHEMA, validate_config
-from oattn_lib.stages.common import MASKED, allowed_mask, read_network
+from oattn_lib.network import MASKED, allowed_mask, read_network
 from oattn_lib.stages.entropy import entropy
 from oattn_lib.stages.masked_other import masked_entries, masked_other
 from scored_stores import scored_samples

@@ -6,7 +6,7 @@ import torch
 import torchvision
 
 from oattn_lib.models import TransformerXL, TXLConfig, build_vit, vit_attention
-from oattn_lib.models.txl import causal_mask, rel_shift, sinusoid_encoding
+from oattn_lib.models.transformer_xl import causal_mask, rel_shift, sinusoid_encoding
 
 V = 40
 

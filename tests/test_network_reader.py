@@ -1,4 +1,4 @@
-"""`stages.common.read_network`: the one reader of a sample's network tensor (query, key, unit)
+"""`network.read_network`: the one reader of a sample's network tensor (query, key, unit)
 that organize, decompose and the explorer share. A unit is a stored (layer, head) pair, layer-major;
 a store may hold a subset of the model's layers and heads (extract.layers / extract.heads), so the
 units carry the model's indices, not positions."""
@@ -9,7 +9,7 @@ import pytest
 import xarray as xr
 
 from oattn_lib import store
-from oattn_lib.stages.common import read_network
+from oattn_lib.network import read_network
 
 LAYERS, HEADS, N = [1, 3], [0, 2, 5], 6
 
@@ -182,7 +182,7 @@ def test_a_store_is_read_a_layer_at_a_time(tmp_path, units_first):
 import json
 import numpy as np, xarray as xr
 from oattn_lib import store
-from oattn_lib.stages.common import read_network
+from oattn_lib.network import read_network
 
 def status(key):
     return next(int(line.split()[1]) / 1024 for line in open("/proc/self/status") if line.startswith(key))

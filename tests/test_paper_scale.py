@@ -108,7 +108,7 @@ def test_offline_download_names_the_missing_file(tmp_path, monkeypatch):
 
 
 def test_vit_b_16_offline_error_names_the_cache_path(tmp_path, monkeypatch):
-    from oattn_lib.models.vit import build_vit_b_16, vit_b_16_weights_path
+    from oattn_lib.models.vision_transformer import build_vit_b_16, vit_b_16_weights_path
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     path = vit_b_16_weights_path()
@@ -131,7 +131,7 @@ def test_planning_finds_the_vit_weights_where_torch_does_without_importing_it(en
     from torchvision.models import ViT_B_16_Weights
 
     from oattn_lib.models import files
-    from oattn_lib.models.vit import vit_b_16_weights_path
+    from oattn_lib.models.vision_transformer import vit_b_16_weights_path
 
     for var in ("TORCH_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
@@ -152,7 +152,7 @@ def test_planning_finds_the_vit_weights_where_torch_does_without_importing_it(en
 def test_vit_b_16_loads_cached_weights_and_replaces_the_head(tmp_path, monkeypatch):
     from torchvision.models import vit_b_16
 
-    from oattn_lib.models.vit import build_vit_b_16, vit_b_16_weights_path
+    from oattn_lib.models.vision_transformer import build_vit_b_16, vit_b_16_weights_path
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     torch.manual_seed(1)
@@ -190,8 +190,8 @@ def paper_stores(tmp_path_factory):
     """Sample 0 of the paper's TXL and ViT-B/16 (random init, CPU), extracted by the
     workflow's own extract stage from checkpoints and dataset files in its formats."""
     from oattn_lib.stages import extract as extract_stage
-    from oattn_lib.models.txl import TransformerXL, TXLConfig
-    from oattn_lib.models.vit import build_vit_b_16
+    from oattn_lib.models.transformer_xl import TransformerXL, TXLConfig
+    from oattn_lib.models.vision_transformer import build_vit_b_16
 
     tmp = tmp_path_factory.mktemp("paper")
     models = paper_models()
@@ -228,7 +228,7 @@ def paper_stores(tmp_path_factory):
 @pytest.mark.parametrize("kind, shape", [("txl", (256, 256, 16 * 8)), ("vit", (197, 197, 12 * 12))])
 def test_paper_models_give_the_paper_network_tensors(paper_stores, kind, shape):
     from oattn_lib import store
-    from oattn_lib.stages.common import read_network
+    from oattn_lib.network import read_network
 
     quantity = paper_models()[kind]["extract"]["quantity"]
     ds = store.read_store(paper_stores[kind], require=("scores", "probs"), finite=("scores", "probs"))

@@ -11,7 +11,7 @@ import pytest
 import xarray as xr
 
 from oattn_lib import resources
-from oattn_lib.config import rule_stage
+from oattn_lib.plan import rule_stage
 from oattn_lib.store import write_store
 
 BENCH = __import__("pathlib").Path(__file__).resolve().parents[1] / "bench"
@@ -274,17 +274,18 @@ def test_parameters_are_counted_from_safetensors_headers_whatever_the_dtype(tmp_
 TRUNCATED_HEADER = b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}'.ljust(64)
 
 
-@pytest.mark.parametrize("content, match", [(b"\xff" * 8 + b" " * 64, "header too large"),
-                                            (b"\x05\0\0\0\0\0\0\0{not" + b" " * 64, "JSON"),
-                                            (b"\x11\0\0\0\0\0\0\0" + b'{"a":{"shape":3}}', "JSON"),
-                                            (b"\x01\0", "header too small"),
+@pytest.mark.parametrize("content, match", [(b"\xff" * 8 + b" " * 64, "no JSON header"),
+                                            (b"\x05\0\0\0\0\0\0\0{not" + b" " * 64, "not JSON"),
+                                            (b"\x11\0\0\0\0\0\0\0" + b'{"a":{"shape":3}}',
+                                             "array 'a': dtype None is not a safetensors dtype"),
+                                            (b"\x01\0", "no JSON header"),
                                             # a header whose tensors the file does not hold: truncated
-                                            (b"\x40\0\0\0\0\0\0\0" + TRUNCATED_HEADER, "not fully covered")])
+                                            (b"\x40\0\0\0\0\0\0\0" + TRUNCATED_HEADER, "truncated")])
 def test_a_malformed_safetensors_header_is_an_error_naming_the_file(tmp_path, content, match):
     # an absurd length is refused before anything of that size is read
     f = tmp_path / "bad.safetensors"
     f.write_bytes(content)
-    with pytest.raises(ValueError, match=rf"bad\.safetensors: not a valid safetensors file.*{match}"):
+    with pytest.raises(ValueError, match=rf"bad\.safetensors: .*{match}"):
         resources.parameter_count([f])
 
 

@@ -273,7 +273,7 @@ def corpus_meta(tmp_path_factory):
 
 
 def test_prepare_data_counts_the_texts_long_enough_for_the_tokenizer(corpus_meta):
-    from oattn_lib.models.hf import load_tokenizer
+    from oattn_lib.models.hf_recording import load_tokenizer
 
     _, model, meta, _ = corpus_meta
     counted = meta["candidates"]

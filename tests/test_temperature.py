@@ -185,7 +185,7 @@ def test_temperature_figure_draws_geometric_means_bands_and_marks():
 # -- the stage, on stores the real organize and decompose stages wrote ------------------------------
 def test_decompose_stores_the_orders_of_its_organized_head(stores):
     """The figure heads' 2-D orders are stored, and they are the ones fig_organized2d used."""
-    from oattn_lib.stages.common import read_network
+    from oattn_lib.network import read_network
     for paths, _ in stores.values():
         for apath, dpath in paths:
             dec = xr.open_zarr(dpath, consolidated=False).load()

@@ -16,7 +16,7 @@ import yaml
 
 from oattn_lib.config import ConfigError, complete_model
 from oattn_lib.data.prompts import read_texts, unescape_line
-from oattn_lib.models import hf
+from oattn_lib.models import hf_recording
 from oattn_lib.models.files import minilm_path
 from oattn_lib.models.kinds.hf import encode_text, padded
 from oattn_lib.stages.data import prepare_data
@@ -153,8 +153,8 @@ def test_each_text_is_one_sample_at_its_own_length_in_file_order(extracted):
 
 
 def test_a_sample_is_the_models_attention_on_that_text_alone(extracted):
-    model_, tok = hf.load_hf("minilm")
-    res = hf.hf_attention(model_, tok, [TEXTS[3]], max_length=20)
+    model_, tok = hf_recording.load_hf("minilm")
+    res = hf_recording.hf_attention(model_, tok, [TEXTS[3]], max_length=20)
     got = extracted[3]["probs"].values
     np.testing.assert_allclose(got, res["probs"][0].numpy(), rtol=0, atol=2e-6)
 
@@ -205,7 +205,8 @@ def tiny_lm(tmp_path_factory):
 def test_padded_rows_score_as_each_row_alone(tiny_lm):
     """Right padding with the mask gives every row the NLL (lm) and embedding (encoder) it has
     unpadded: dropping the mask from the model or from the mean changes both."""
-    from oattn_lib.ablation import HeldOut, evaluate_masks
+    from oattn_lib.ablation import evaluate_masks
+    from oattn_lib.models.kinds import HeldOut
     from oattn_lib.models.gating import head_layout, register_gated_attention, row_outputs
 
     rows = [[5, 9, 3, 7, 11, 2, 8], [4, 6, 10], [12, 13, 14, 15, 16]]
@@ -234,7 +235,7 @@ def test_padded_rows_score_as_each_row_alone(tiny_lm):
 def test_minilm_embeddings_pool_only_real_tokens():
     from oattn_lib.models.gating import head_layout, register_gated_attention, row_outputs
 
-    net, tok = hf.load_hf("minilm")
+    net, tok = hf_recording.load_hf("minilm")
     net.set_attn_implementation(register_gated_attention())
     layout = head_layout(net, "hf")
     rows = [tok(t)["input_ids"] for t in TEXTS[:3]]

@@ -52,7 +52,7 @@ def test_every_store_has_named_dims_and_finite_values(run):
                 assert np.isfinite(dec[v].values).all(), (model, i, v)
             # the level sums hold the whole expansion's energy: the analysed tensor's (orthonormal bases),
             # txl's masked scores set to their rows' allowed means (extract.masked: row_mean, the default)
-            from oattn_lib.stages.common import read_network
+            from oattn_lib.network import read_network
 
             apath = res / model / "attention" / f"sample{i}.zarr"
             x = read_network(apath, "scores" if model == "txl" else "probs").array
@@ -307,7 +307,7 @@ def test_stores_equal_the_engine_run_on_the_stored_inputs(run, model):
     from oattn_lib.entropy import coarsest, head_entropy, head_sparsity, network_entropy, network_sparsity
     from oattn_lib.haar import bihaar, haar_basis, trihaar
     from oattn_lib.questionnaire import questionnaire3d
-    from oattn_lib.stages.common import load_organization, read_network
+    from oattn_lib.network import load_organization, read_network
 
     res = run / "results" / model
     cfg = next(m for m in TINY["models"] if m["name"] == model)

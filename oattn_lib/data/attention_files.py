@@ -23,7 +23,7 @@ of queries and keys (query != key is allowed: cross-attention); every sample has
 layers and heads.
 
 `describe` reads the headers only (numpy's .npy header, the zip directory of a .npz, the
-JSON header of a .safetensors file, zarr metadata) and checks shapes and dtypes; `check_values`
+JSON header of a .safetensors file, `safetensors_header`'s, zarr metadata) and checks shapes and dtypes; `check_values`
 reads the data a block at a time (at most about 64 MB) for NaN, inf and negative
 probabilities; `read_sample` gives one sample's arrays. Errors are `AttentionFileError`, one
 line naming the file and what is wrong. Numpy only: the workflow checks files at start-up.
@@ -31,7 +31,6 @@ line naming the file and what is wrong. Numpy only: the workflow checks files at
 from __future__ import annotations
 
 import json
-import struct
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,6 +38,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from .safetensors_header import SafetensorsHeaderError, read_safetensors_header
 
 __all__ = ["AttentionFileError", "AttentionFiles", "SampleInfo", "AttentionSample", "QUANTITIES", "SUFFIXES",
            "describe", "check_values", "checked", "read_sample", "source_files", "masked_softmax"]
@@ -202,57 +203,28 @@ class _Npz(_File):
                 yield lead, self._block(f.read(nbytes), name, h, trailing)
 
 
-def _safetensors_extent(path: Path, name: str, info, itemsize: int, data_bytes: int) -> tuple[tuple, tuple]:
-    """(shape, data offsets) of one array of a .safetensors header, checked: a list of sizes, two
-    offsets whose span is the shape's bytes, within the file's `data_bytes` after the header."""
-    shape, where = info.get("shape"), info.get("data_offsets")
-    if not (isinstance(shape, list) and all(isinstance(v, int) and v >= 0 for v in shape)
-            and isinstance(where, list) and len(where) == 2 and all(isinstance(v, int) for v in where)):
-        raise _fail(path, f"array {name!r}: malformed header entry (shape {shape!r}, data_offsets {where!r})")
-    need = int(np.prod(shape, dtype=object)) * itemsize
-    if not 0 <= where[0] <= where[1] <= data_bytes or where[1] - where[0] != need:
-        raise _fail(path, f"array {name!r}: its header says shape {tuple(shape)} ({need} bytes) at bytes "
-                          f"{where[0]}..{where[1]}, the file holds {data_bytes} after its header (truncated or "
-                          "malformed)")
-    return tuple(shape), tuple(where)
-
-
 class _Safetensors(_File):
     def __init__(self, path: Path):
         super().__init__(path)
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-            if not 0 < n <= size - 8:
-                raise _fail(path, "is not a .safetensors file (no JSON header)")
-            try:
-                header = json.loads(f.read(n))
-            except ValueError as exc:
-                raise _fail(path, f"is not a .safetensors file ({exc})") from None
-        self._start = 8 + n
+        try:
+            header = read_safetensors_header(path)
+        except SafetensorsHeaderError as exc:
+            raise AttentionFileError(str(exc)) from None
+        self._start = header.data_start
         self._where = {}
-        if not isinstance(header, dict):
-            raise _fail(path, f"is not a .safetensors file (its header is a JSON {type(header).__name__}, not an object)")
-        for name, info in header.items():
-            if name == "__metadata__":
-                text = (info if isinstance(info, dict) else {}).get("tokens")
-                if text is not None:
-                    try:
-                        self.token_text = json.loads(text)
-                    except ValueError:
-                        raise _fail(path, "metadata 'tokens' is not JSON (a list of strings)") from None
-                continue
-            if not isinstance(info, dict):
-                raise _fail(path, f"array {name!r}: malformed header entry {info!r:.80}")
-            dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+        text = header.metadata.get("tokens")
+        if text is not None:
+            try:
+                self.token_text = json.loads(text)
+            except ValueError:
+                raise _fail(path, "metadata 'tokens' is not JSON (a list of strings)") from None
+        for name, a in header.arrays.items():
+            dtype = _SAFETENSORS_DTYPES.get(a.dtype)
             if dtype is None:
-                raise _fail(path, f"array {name!r}: dtype {info.get('dtype')} is not read here (allowed: "
+                raise _fail(path, f"array {name!r}: dtype {a.dtype} is not read here (allowed: "
                                   f"{', '.join(_SAFETENSORS_DTYPES)})")
-            shape, where = _safetensors_extent(path, name, info, 2 if dtype == "bf16" else np.dtype(dtype).itemsize,
-                                               size - self._start)
-            self._where[name] = where
-            self.arrays[name] = _Header(shape, dtype if dtype == "bf16" else np.dtype(dtype))
+            self._where[name] = a.offsets
+            self.arrays[name] = _Header(a.shape, dtype if dtype == "bf16" else np.dtype(dtype))
 
     def read(self, name, lead=()):
         h = self.arrays[name]

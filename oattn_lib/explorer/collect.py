@@ -18,7 +18,7 @@ import xarray as xr
 
 from .. import store
 from ..models import KINDS
-from ..stages.common import allowed_mask, head_array, load_organization, model_mask, read_network
+from ..network import allowed_mask, head_array, load_organization, model_mask, read_network
 from ..trees import PartitionTree
 
 log = logging.getLogger("oattn")
@@ -190,7 +190,7 @@ def kv_groups(ds: xr.Dataset, n_layer: int, n_head: int) -> np.ndarray | None:
 
 def layer_masks(ds: xr.Dataset, crop=None) -> np.ndarray | None:
     """The model's own mask of every stored layer, (layer, query, key) bool in the store's layer
-    order, True where the heads may attend (`stages.common.allowed_mask`); None where nothing is
+    order, True where the heads may attend (`network.allowed_mask`); None where nothing is
     masked, or for a store with neither `allowed` nor probabilities."""
     if "allowed" not in ds.variables and "probs" not in ds.variables:
         return None
@@ -201,7 +201,7 @@ def layer_masks(ds: xr.Dataset, crop=None) -> np.ndarray | None:
 def read_sample(index: int, attention_store, organized_store, decomposed_store, quantity: str,
                 crop=None, masks_of=()) -> Sample:
     """The explorer's view of one sample (docs/method.md §9, §5.2, §8), heads by unit index; the model's mask of
-    the units `masks_of` (stages.common.model_mask: causal heads are compared with their masked
+    the units `masks_of` (`network.model_mask`: causal heads are compared with their masked
     softmax, docs/method.md §7.5)."""
     # the analysed quantity of every head; the scores (pre-softmax logits) only of the heads
     # `masks_of`, a head at a time: at 270 heads x 1024 tokens each variable is 1.1 GB

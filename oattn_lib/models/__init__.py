@@ -1,9 +1,9 @@
 """Models whose attention the project analyses (docs/method.md §9).
 
-`txl`: a Transformer-XL language model written from Dai et al. 2019 (no longer in
+`transformer_xl`: a Transformer-XL language model written from Dai et al. 2019 (no longer in
 transformers), returning per-head pre-mask scores and post-mask probabilities.
-`vit`: torchvision's VisionTransformer and a hook-based capture of its attention.
-`hf`: any transformers model through a recording attention function; `files` finds model
+`vision_transformer`: torchvision's VisionTransformer and a hook-based capture of its attention.
+`hf_recording`: any transformers model, loaded with a recording attention function; `files` finds model
 files without importing torch; `checkpoint` builds, saves and safely loads trained models;
 `gating` scales (masks) each head's output in all three kinds of model.
 
@@ -20,8 +20,8 @@ from .._lazy import lazy_exports
 from .kinds import KINDS, ModelKind, Unsupported, adapter, adapter_for
 
 _EXPORTS = {
-    "txl": ("TransformerXL", "TXLConfig", "TXLOutput"),
-    "vit": ("build_vit", "vit_attention"),
+    "transformer_xl": ("TransformerXL", "TXLConfig", "TXLOutput"),
+    "vision_transformer": ("build_vit", "vit_attention"),
 }
 __all__, __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 

@@ -28,14 +28,14 @@ class CheckpointError(store.StoreError):
 def build_model(kind: str, arch: dict, n_token: int | None = None, image_size: int = 32, pretrained=False):
     """An untrained txl or vit model from its `arch` config slice."""
     if kind == "txl":
-        from .txl import TransformerXL, TXLConfig
+        from .transformer_xl import TransformerXL, TXLConfig
         return TransformerXL(TXLConfig(n_token=n_token, **{**arch, "cutoffs": tuple(arch.get("cutoffs", ()))}))
     if kind == "vit":
         arch = dict(arch)
         if arch.pop("variant", "custom") == "vit_b_16":
-            from .vit import build_vit_b_16
+            from .vision_transformer import build_vit_b_16
             return build_vit_b_16(num_classes=10, pretrained=pretrained)
-        from .vit import build_vit
+        from .vision_transformer import build_vit
         return build_vit(image_size=image_size, **arch)
     raise ValueError(f"kind: {kind!r} has no trainable model here (allowed: txl, vit)")
 

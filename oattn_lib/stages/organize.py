@@ -8,7 +8,8 @@ import xarray as xr
 
 from .. import store
 from ..questionnaire import questionnaire3d
-from .common import Network, each_sample, on_device, read_network
+from ..network import Network, on_device, read_network
+from .common import each_sample
 
 log = logging.getLogger("oattn")
 
@@ -20,7 +21,7 @@ def organize(attention_store, out, quantity: str, crop=None, params: dict | None
              masked: str = "row_mean") -> None:
     """Run the 3-D questionnaire on one sample and store trees and affinities (docs/method.md §5.2), on the
     device `device` resolves to (`runtime.resolve_device`); `masked`: the rule for the scores'
-    masked entries (`common.read_network`, docs/method.md §9.5)."""
+    masked entries (`network.read_network`, docs/method.md §9.5)."""
     net = read_network(attention_store, quantity, crop, masked)
     out_ds = organized_dataset(net, quantity, params, config_slice=config_slice, code=code, device=device)
     del net
@@ -31,7 +32,7 @@ def organize(attention_store, out, quantity: str, crop=None, params: dict | None
 def organized_dataset(net: Network, quantity: str, params: dict | None = None, *,
                       config_slice: dict | None = None, code: str | None = None, device="cpu") -> xr.Dataset:
     """The organized store's dataset (docs/method.md §12.1) of one sample's network tensor `net`
-    (`common.read_network`): the 3-D questionnaire's trees and affinities (docs/method.md §5.2) with
+    (`network.read_network`): the 3-D questionnaire's trees and affinities (docs/method.md §5.2) with
     the units' coordinates. `params` are `questionnaire.questionnaire3d`'s keyword arguments.
 
     Returns tree_q (level_q, query), tree_k (level_k, key), tree_h (level_h, unit) int64 labels;

@@ -1,8 +1,8 @@
 """Stage `prepare_model`: a GGUF model converted once to a float32 safetensors directory.
 
-transformers dequantises a GGUF file every time it loads one (about 13 s for the 30
-layers of SmolLM2-135M, more for larger models); the extract and prune jobs of a GGUF
-model load this directory instead, in about a second.
+transformers parses and dequantises a GGUF file every time it loads one, a cost that grows with
+the model (bench/gguf_load.py measures it); the extract and prune jobs of a GGUF model load this
+directory instead, whose float32 tensors are read as they are.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from .. import store
 from ..models.files import resolve_hf
-from ..models.hf import gguf_parsed_once
+from ..models.hf_recording import gguf_parsed_once
 
 log = logging.getLogger("oattn")
 

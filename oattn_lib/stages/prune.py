@@ -21,12 +21,13 @@ import torch
 
 from .. import store
 from ..ablation import (ATTN_ENTROPY, CONFIDENCE, GRADIENT, HAAR_HIGH, HAAR_LOW, METRICS, NULL_SET, PERPLEXITY,
-                        RANDOM, RANKINGS, HeldOut, NullSets, attention_confidence, attention_entropy, curve_summary,
+                        RANDOM, RANKINGS, NullSets, attention_confidence, attention_entropy, curve_summary,
                         evaluate_masks, gradient_importance, lowest_first, mask_counts, masks_from_order,
                         masks_from_sets, normalize_per_layer, null_sets, random_order, ranking_sets,
                         ranking_stability)
 from ..entropy import n_extreme
 from ..models import adapter_for
+from ..models.kinds import HeldOut
 from ..runtime import resolve_device
 
 log = logging.getLogger("oattn")
@@ -161,9 +162,9 @@ GRAD_BUDGET = 2 << 30
 """Bytes of activations a gradient pass may keep (`_rows_per_pass`)."""
 EVAL_BUDGET = {"cpu": 512 << 20, "cuda": 2 << 30}
 """Bytes of activations an evaluation pass may hold, by device type (others: the GPU's). On a CPU
-larger passes measured slower, not faster (docs/method.md §11.4: SmolLM2 on one thread, 4.1 s per
-1024-token window one at a time, 4.3 s two at a time; 0.45 s per 128-token window six at a time,
-0.53 s 27 at a time), about 1,000 tokens of a 49,152-token vocabulary's logits per pass being best."""
+larger passes are slower per window, not faster (docs/method.md §11.4): the budget holds about
+1,000 tokens of a 49,152-token vocabulary's logits per pass. bench/prune.py prints the seconds per
+forward and the rows per pass; bench/prune.csv records the passes this choice rests on."""
 
 
 def _rows_per_pass(batch_size: int, layout, n_tokens: int, *, grad: bool, budget: int = GRAD_BUDGET) -> int:

@@ -9,7 +9,7 @@ import xarray as xr
 from .. import store
 from ..paraproduct import paraproduct
 from ..questionnaire import questionnaire2d
-from .common import model_mask
+from ..network import model_mask
 
 log = logging.getLogger("oattn")
 
@@ -21,7 +21,7 @@ def paraproduct_residuals(attention_stores: list, out, questionnaire2d_iters: in
     """Relative residual of the paraproduct approximation (docs/method.md §7) of every head of every
     given sample, on its pre-softmax scores: organized by the 2-D questionnaire (docs/method.md §5.3;
     rel_residual) and unorganized (rel_residual_unorganized), dims (sample, layer, head).
-    A causal head (TXL) is compared with the model's own masked softmax (`common.model_mask`),
+    A causal head (TXL) is compared with the model's own masked softmax (`network.model_mask`),
     never a softmax over future positions."""
     rel, first = [], None
     for path in attention_stores:

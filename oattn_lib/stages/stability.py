@@ -10,7 +10,7 @@ import torch
 import xarray as xr
 
 from .. import store
-from ..entropy import coarse_l1, l1_over_l2
+from ..entropy import clamped_top_k, coarse_l1, l1_over_l2
 from ..haar import bihaar, haar_basis, trihaar
 from ..diffusion import diffusion_map
 from ..questionnaire import questionnaire3d, questionnaire2d
@@ -18,8 +18,8 @@ from ..runtime import resolve_device
 from ..smoothness import theorem1_measures
 from ..stability import (FIG_MEASURES, PERTURBATIONS, REFERENCE, head_tree_agreement, perturb, rename_tree, replicate_plan,
                          replicate_rng, same_folders, unit_permutation_back)
-from .common import each_sample, head_array, load_organization, model_mask, on_device, read_network
-from .entropy import clamped_top_k
+from ..network import head_array, load_organization, model_mask, on_device, read_network
+from .common import each_sample
 from .stability_tables import check_samples, tables_from_replicates
 
 log = logging.getLogger("oattn")
@@ -93,9 +93,8 @@ def sample_replicates(attention_store, organized_store, decomposed_store, *, sam
     ref_trees = (org.tree_q, org.tree_k, org.tree_h)
     dec = store.read_store(decomposed_store, require=("network_sparsity_random",), lazy=True)
     random_sparsity = float(dec["network_sparsity_random"].values)
-    axes = [range(n) for n in x.shape]  # _top_k counts the coefficients: one per item of each axis
-    k2 = clamped_top_k(head_top_k, axes[:2], attention_store, "entropy.head_top_k", "bi-Haar")
-    k3 = clamped_top_k(network_top_k, axes, attention_store, "entropy.network_top_k", "tri-Haar")
+    k2 = clamped_top_k(head_top_k, x.shape[:2], "entropy.head_top_k", str(attention_store))
+    k3 = clamped_top_k(network_top_k, x.shape, "entropy.network_top_k", str(attention_store))
     unit_layer = net.unit_layer
     kv = net.coords.get("unit_kv_group")
     unit_kv = kv[1] if kv is not None else None

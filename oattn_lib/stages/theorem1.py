@@ -24,7 +24,7 @@ from .. import store
 from ..questionnaire import questionnaire2d
 from ..smoothness import THEOREM1_MEASURES, theorem1_measures
 from ..temperature import residual_curve, temperature_grid
-from .common import head_array, model_mask, on_device
+from ..network import head_array, model_mask, on_device
 
 log = logging.getLogger("oattn")
 

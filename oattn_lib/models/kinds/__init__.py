@@ -41,9 +41,9 @@ workflow reads the registry at start-up.
 """
 from __future__ import annotations
 
-from .base import Ablation, Extraction, ModelKind, Sample, Unsupported
+from .base import Ablation, Extraction, HeldOut, ModelKind, Sample, Unsupported
 
-__all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation", "KINDS", "adapter", "adapter_for"]
+__all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation", "HeldOut", "KINDS", "adapter", "adapter_for"]
 
 
 def _registry() -> dict[str, ModelKind]:

@@ -1,14 +1,17 @@
 """The protocol every kind of model implements (`ModelKind`) and what its methods return
-(`Sample`, `Extraction`, `Ablation`), and `Unsupported`. The package's docstring describes the
-protocol; `oattn_lib.models.kinds` holds the registry."""
+(`Sample`, `Extraction`, `Ablation` and the `HeldOut` examples it loads), and `Unsupported`.
+The package's docstring describes the protocol; `oattn_lib.models.kinds` holds the registry."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-__all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation", "forward_layers"]
+if TYPE_CHECKING:  # the registry is read at the workflow's start-up, without torch
+    import torch
+
+__all__ = ["ModelKind", "Unsupported", "Sample", "Extraction", "Ablation", "HeldOut", "forward_layers"]
 
 
 class Unsupported(ValueError):
@@ -60,6 +63,31 @@ class Extraction(ABC):
         """Candidate `index` (0..n_available - 1) as a `Sample`."""
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """Examples a metric is measured on (or a ranking's samples), as `Ablation` loads them.
+
+    inputs: txl (n, tgt_len + 1) token windows (input = [:, :-1], targets = [:, 1:]); vit
+    (n, channel, height, width) images; hf (n, tokens) input ids, right-padded where `mask`
+    is given.
+    targets: vit labels (n,); hf reference embeddings (n, hidden) of the unmasked model
+    (evaluation) or projection vectors (gradients); None for txl.
+    mask: hf (n, tokens) bool, True at the real tokens of examples of different lengths (the
+    user's texts, docs/method.md §11.3); None: every token is real.
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+    def rows(self, index, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(inputs, mask) of the rows `index` on `device`."""
+        return self.inputs[index].to(device), None if self.mask is None else self.mask[index].to(device)
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+
 class Ablation(ABC):
     """A model loaded for the head-ablation study: `net` in eval mode and its `layout`
     (`models.gating.HeadLayout`)."""
@@ -68,13 +96,14 @@ class Ablation(ABC):
     layout: Any
 
     @abstractmethod
-    def ranking_samples(self, attention: list) -> tuple[Any, Sequence[int]]:
-        """(`ablation.HeldOut` of the extracted samples the rankings are computed on, their
+    def ranking_samples(self, attention: list) -> tuple[HeldOut, Sequence[int]]:
+        """(`HeldOut` of the extracted samples the rankings are computed on, their
         source ids), from the samples' attention stores (datasets without the attention)."""
 
     @abstractmethod
-    def held_out(self, samples, used: Sequence[int], settings: dict, rng, batch_size: int) -> tuple[Any, Sequence[int]]:
-        """(`ablation.HeldOut` the masked networks are measured on, its source ids): disjoint
+    def held_out(self, samples, used: Sequence[int], settings: dict, rng,
+                 batch_size: int) -> tuple[HeldOut, Sequence[int]]:
+        """(`HeldOut` the masked networks are measured on, its source ids): disjoint
         from `samples`, whose source ids are `used`. settings: the config's `prune.held_out`."""
 
 

@@ -1,4 +1,4 @@
-"""Kind `hf`: any pretrained transformers model (`models.hf`), loaded, never trained here.
+"""Kind `hf`: any pretrained transformers model (`models.hf_recording`), loaded, never trained here.
 
 Its samples are either held-out texts of a corpus (`data.corpus`) of at least
 `extract.max_length` tokens, cut to that length by its own tokenizer, or the user's own texts
@@ -6,7 +6,7 @@ Its samples are either held-out texts of a corpus (`data.corpus`) of at least
 `extract.max_length` only where longer, which the log says), optionally wrapped in the
 tokenizer's chat template (`data.chat`). Its attention is recorded layer by layer from inside
 the forward pass, which runs in `extract.compute_dtype` (float32, bfloat16, float16 on a GPU;
-the recorded scores and probabilities are float32 whatever it is, `models.hf`), on `device`
+the recorded scores and probabilities are float32 whatever it is, `models.hf_recording`), on `device`
 or spread over several devices by the entry's `device_map`.
 
 Encoder-decoder models (T5, BART; docs/method.md §9.4) store one of their three kinds of
@@ -14,7 +14,7 @@ attention per model entry, `extract.stack`: encoder self-attention, decoder (cau
 self-attention or cross-attention (query = decoder positions, key = encoder positions). The
 encoder reads the sample's text (the corpus window or the user's text); the decoder reads, with
 teacher forcing, the same text, or with the user's texts the field `data.target_field` of
-each record, shifted right after the model's decoder start token (`models.hf.hf_seq2seq_encode`):
+each record, shifted right after the model's decoder start token (`models.hf_recording.hf_seq2seq_encode`):
 decoder position i has seen the target's tokens before i. A cross store's `token` coordinate and
 `token_text` are the decoder's tokens (its queries), its attribute `key_token_text` the
 encoder's (its keys). The ablation does not run for these models.
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import Ablation, Extraction, ModelKind, Sample, Unsupported
+from .base import Ablation, Extraction, HeldOut, ModelKind, Sample, Unsupported
 
 log = logging.getLogger("oattn")
 
@@ -227,7 +227,7 @@ class HF(ModelKind):
         start-up check of `extract.n_samples` on later runs."""
         if user_texts(model) or not meta.get("test_texts"):
             return None
-        from ..hf import load_tokenizer
+        from ..hf_recording import load_tokenizer
 
         source = candidates_source(model)
         tok = load_tokenizer(source["path"], source["gguf_file"])
@@ -319,7 +319,7 @@ class _HFExtraction(Extraction):
         """The model in `extract.compute_dtype`, on `device` or spread by the entry's `device_map`;
         an encoder-decoder model's `extract.stack` checked against what it loaded as."""
         from ..files import hf_layout
-        from ..hf import load_hf
+        from ..hf_recording import load_hf
 
         if prepared:
             prepared = Path(prepared).parent if Path(prepared).is_file() else Path(prepared)
@@ -346,7 +346,7 @@ class _HFExtraction(Extraction):
     def _seq2seq_sample(self, source: str, target: str, attrs: dict) -> Sample:
         """One (encoder text, decoder text) pair as a sample of the stack `self.stack`: the
         decoder reads the target shifted right (teacher forcing); each side cut to max_length."""
-        from ..hf import hf_attention_stream, hf_seq2seq_encode
+        from ..hf_recording import hf_attention_stream, hf_seq2seq_encode
 
         net, tok, stack = self.net, self.tok, self.stack
         inputs = hf_seq2seq_encode(net, tok, [source], [target], max_length=self.max_len)
@@ -374,7 +374,7 @@ class _HFExtraction(Extraction):
 
     def _one_text_sample(self, inputs: dict, attrs: dict) -> Sample:
         """The sample of model inputs holding one text (a batch of one, no padding)."""
-        from ..hf import hf_attention_stream
+        from ..hf_recording import hf_attention_stream
 
         net, ids = self.net, inputs["input_ids"][0].cpu().numpy()
 
@@ -389,7 +389,7 @@ class _HFExtraction(Extraction):
                       ids.size, *self.units, run)
 
     def sample(self, index: int) -> Sample:
-        from ..hf import hf_encode
+        from ..hf_recording import hf_encode
 
         if self.stack is not None:  # teacher forcing on the text itself
             return self._seq2seq_sample(self.texts[index], self.texts[index], {})
@@ -433,7 +433,7 @@ class _HFAblation(Ablation):
         a decoder is measured by what it is for, next-token perplexity (objective `lm`), not by
         its hidden states."""
         from ..gating import head_layout, register_gated_attention
-        from ..hf import load_hf
+        from ..hf_recording import load_hf
 
         net, tok = load_hf(model["path"], device=device)
         if getattr(net.config, "is_encoder_decoder", False):
@@ -457,8 +457,6 @@ class _HFAblation(Ablation):
     def ranking_samples(self, attention: list):
         import torch
 
-        from ...ablation import HeldOut
-
         if self.user_texts:  # each sample its own length: padded, masked; the texts are recorded
             ids, mask = padded([a["token"].values.tolist() for a in attention], self.tok.pad_token_id or 0)
             return HeldOut(ids, mask=mask), [int(a.attrs["text_index"]) for a in attention]
@@ -467,7 +465,7 @@ class _HFAblation(Ablation):
 
     def _held_out_texts(self, used, settings: dict, rng, batch_size: int):
         """The user's texts not extracted (or those of prune.held_out.texts), each at its own length."""
-        from ...ablation import HeldOut, reference_embeddings
+        from ..gating import reference_embeddings
 
         other = settings.get("texts")
         if other:
@@ -491,7 +489,7 @@ class _HFAblation(Ablation):
         return HeldOut(ids, reference, mask=mask), sources
 
     def held_out(self, samples, used, settings: dict, rng, batch_size: int):
-        from ...ablation import HeldOut, reference_embeddings
+        from ..gating import reference_embeddings
 
         if self.user_texts or settings.get("texts"):
             self.max_length = self.max_length or int(samples.inputs.shape[1])

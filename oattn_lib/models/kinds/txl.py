@@ -1,4 +1,4 @@
-"""Kind `txl`: the project's Transformer-XL (`models.txl`), trained here on a text corpus.
+"""Kind `txl`: the project's Transformer-XL (`models.transformer_xl`), trained here on a text corpus.
 
 Its samples are test segments of `arch.tgt_len` tokens; it stores pre-mask scores and
 post-mask probabilities with its causal (memory) mask; the ablation measures test-segment
@@ -10,7 +10,7 @@ import logging
 
 import numpy as np
 
-from .base import Ablation, Extraction, ModelKind, Sample, forward_layers
+from .base import Ablation, Extraction, HeldOut, ModelKind, Sample, forward_layers
 
 log = logging.getLogger("oattn")
 
@@ -102,7 +102,7 @@ class _TXLExtraction(Extraction):
     def sample(self, index: int) -> Sample:
         import torch
 
-        from ..txl import causal_mask
+        from ..transformer_xl import causal_mask
 
         with torch.no_grad():
             toks = self.test[index * self.tgt:(index + 1) * self.tgt]
@@ -129,8 +129,6 @@ class _TXLAblation(Ablation):
     def ranking_samples(self, attention: list):
         import torch
 
-        from ...ablation import HeldOut
-
         T = attention[0].sizes["query"]
         test = self.arrays["test"]
         idx = np.array([int(a.attrs["source_index"]) for a in attention])
@@ -152,12 +150,10 @@ class _TXLAblation(Ablation):
 
 
 def held_out_segments(test: np.ndarray, T: int, used: np.ndarray, n: int, rng):
-    """(`ablation.HeldOut` of up to n test windows of T + 1 tokens (T inputs, T targets), their
+    """(`HeldOut` of up to n test windows of T + 1 tokens (T inputs, T targets), their
     segment indices): windows sharing no token with the rankings' windows [i T, (i + 1) T] of
     the segments `used` (so neighbours of a used segment are left out too), drawn with `rng`."""
     import torch
-
-    from ...ablation import HeldOut
 
     n_seg = (test.size - 1) // T
     banned = set()

@@ -1,4 +1,4 @@
-"""Kind `vit`: torchvision's VisionTransformer (`models.vit`), trained here on an image dataset.
+"""Kind `vit`: torchvision's VisionTransformer (`models.vision_transformer`), trained here on an image dataset.
 
 Its samples are test images; its tokens are the class token (-1) and the image patches;
 the ablation measures test accuracy on images that were not extracted.
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import vit_b_16_weights_file
-from .base import Ablation, Extraction, ModelKind, Sample, forward_layers
+from .base import Ablation, Extraction, HeldOut, ModelKind, Sample, forward_layers
 
 log = logging.getLogger("oattn")
 
@@ -154,7 +154,7 @@ class _ViTExtraction(Extraction):
         import torch
 
         from ...data.images import vit_images
-        from ..vit import vit_attention
+        from ..vision_transformer import vit_attention
 
         with torch.no_grad():
             img = vit_images({"test_images": self.arrays["test_images"][index:index + 1]}, self.meta, "test",
@@ -182,7 +182,6 @@ class _ViTAblation(Ablation):
     def ranking_samples(self, attention: list):
         import torch
 
-        from ...ablation import HeldOut
         from ...data.images import vit_images
 
         idx = np.array([int(a.attrs["source_index"]) for a in attention])
@@ -201,11 +200,10 @@ class _ViTAblation(Ablation):
 
 
 def held_out_images(arrays: dict, meta: dict, size: int, used: np.ndarray, n: int, rng):
-    """(`ablation.HeldOut` of up to n test images and their labels, their indices): images not
+    """(`HeldOut` of up to n test images and their labels, their indices): images not
     among `used`, drawn with `rng`, as model input of `size` pixels."""
     import torch
 
-    from ...ablation import HeldOut
     from ...data.images import vit_images
 
     free = np.setdiff1d(np.arange(arrays["test_labels"].shape[0]), used)

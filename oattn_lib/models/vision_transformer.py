@@ -186,7 +186,7 @@ def fetch_vit_b_16_weights() -> Path:
 def _weights_missing(path: Path, url: str, why: str) -> str:
     return (f"ViT-B/16 ImageNet weights not found: looked in {str(path)!r} (the torch hub cache, "
             f"torch.hub.get_dir() = {torch.hub.get_dir()!r}) and {why}. Provide them on a machine "
-            f"with internet access with `python -c \"from oattn_lib.models.vit import "
+            f"with internet access with `python -c \"from oattn_lib.models.vision_transformer import "
             f"fetch_vit_b_16_weights; fetch_vit_b_16_weights()\"` (or download {url} to that "
             "path); set TORCH_HOME to use another cache directory.")
 

@@ -377,7 +377,8 @@ def gguf_parsed_once() -> Iterator[None]:
     their arguments (the reader maps the file read-only and is only read), so the block keeps
     the readers per file and mode and the maps per architecture and block count, by replacing
     the two names on the `gguf` module, which transformers imports them from at each call; they
-    are restored on leaving. About half of SmolLM2-135M's load (bench/gguf_load.py)."""
+    are restored on leaving. The repeated parses are a large part of a GGUF model's load
+    (bench/gguf_load.py measures it; bench/gguf_load.csv records it)."""
     import gguf
 
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
