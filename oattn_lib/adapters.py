@@ -1,6 +1,8 @@
-"""Attention from the tools users already run, as `oattn_lib.api.extract` returns it
-(docs/method.md §9.1, §9.4): one xarray Dataset per sample, laid out as an attention store
-(§12.1), which goes straight into `api.organize`, `api.entropies` and the rest of the API.
+"""Attention from the tools users already run, as `oattn_lib.api.extract` returns it.
+
+The attention of docs/method.md §9.1 and §9.4: one xarray Dataset per sample, laid out as an
+attention store (§12.1), which goes straight into `api.organize`, `api.entropies` and the rest of
+the API.
 
 - `from_transformer_lens`: a TransformerLens `ActivationCache` of `HookedTransformer.run_with_cache`
   and its model; a batch with padding becomes one Dataset per row, each cut to its own tokens.
@@ -32,8 +34,9 @@ def _require(module: str, extra: str):
 
 # -- TransformerLens ---------------------------------------------------------------------------
 def from_transformer_lens(cache, model, prompts_or_tokens=None, *, attention_mask=None) -> list[xr.Dataset]:
-    """Scores and probabilities of every head from a TransformerLens run, one Dataset per sample,
-    laid out as `oattn_lib.api.extract` lays them out (docs/method.md §9.1).
+    """Scores and probabilities of every head from a TransformerLens run, one Dataset per sample.
+
+    Laid out as `oattn_lib.api.extract` lays them out (docs/method.md §9.1).
 
     What TransformerLens holds, and what is taken from it. Its attention computes
     `s = softcap(q k^T / attn_scale)` (`calculate_attention_scores`, key/value heads repeated
@@ -100,7 +103,7 @@ def from_transformer_lens(cache, model, prompts_or_tokens=None, *, attention_mas
     _require("transformer_lens", "lens")
     import torch
 
-    from .models.hf import kv_groups
+    from .models.hf_recording import kv_groups
 
     cfg = getattr(model, "cfg", None)
     blocks = getattr(model, "blocks", None)
@@ -284,15 +287,16 @@ def _dataset(scores, probs, allowed, layers, groups, ids, token_text, attrs) -> 
 # -- nnsight -------------------------------------------------------------------------------------
 def from_nnsight(model, prompts, *, tokenizer=None, max_length: int | None = None, chat: bool = False,
                  layers=None, heads=None) -> list[xr.Dataset]:
-    """Scores and probabilities of every head of the Hugging Face model an nnsight model wraps, on
-    each prompt: `oattn_lib.api.extract` on that model (docs/method.md §9.4).
+    """Scores and probabilities of every head of the Hugging Face model an nnsight model wraps.
+
+    On each prompt: `oattn_lib.api.extract` on that model (docs/method.md §9.4).
 
     Why not a trace. nnsight serves the inputs and outputs of modules; the attention scores, the
     mask and the softmax are computed inside transformers' attention function, which is not a
     module, and an eager attention module hands back only its probabilities. So the wrapped
     transformers model is taken (`model.pipeline.model`, or the module an `nnsight.NNsight`
     wraps) and recorded as `api.extract` records any loaded model: its attention is switched to
-    the recording attention for the call (`models.hf.recording_installed`), which computes
+    the recording attention for the call (`models.hf_recording.recording_installed`), which computes
     what eager attention computes and keeps the pre-mask scores, the model's own mask (causal,
     sliding window) and its softmax, and the model's implementation is restored after. The
     forward pass is the model's own, outside a trace: interventions and `model.edit()` edits
@@ -307,7 +311,11 @@ def from_nnsight(model, prompts, *, tokenizer=None, max_length: int | None = Non
         The texts, one sample each, each run alone and unpadded.
     tokenizer : transformers tokenizer, optional
         Default: the nnsight model's `tokenizer` (an `NNsight` of a bare module has none: give it).
-    max_length, chat, layers, heads
+    max_length : int, optional
+        As in `oattn_lib.api.extract`.
+    chat : bool, default False
+        As in `oattn_lib.api.extract`.
+    layers, heads : list of int, optional
         As in `oattn_lib.api.extract`.
 
     Returns

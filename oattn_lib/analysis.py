@@ -1,5 +1,6 @@
-"""`analyze`: the workflow's analysis of one model on a user's prompts, from a notebook in one call
-(docs/method.md §5-§8, §13, §14).
+"""`analyze`: the workflow's analysis of one model on a user's prompts, from a notebook in one call.
+
+The analysis of docs/method.md §5-§8, §13 and §14.
 
 `analyze(model, prompts)` extracts every head's attention on each prompt, organizes each sample's
 network tensor, expands it in Haar bases and measures it, with the workflow's own stage functions
@@ -63,6 +64,9 @@ class Analysis:
     ----------
     model : str
         The model's name.
+    kind : str
+        The kind of model the samples came from (the `kind` attribute of the first: "hf" for
+        `api.extract`'s), as the workflow's claims read it.
     attention : list of xarray.Dataset
         Each sample's attention, as `api.extract` returns it.
     heads : pandas.DataFrame
@@ -82,6 +86,8 @@ class Analysis:
     directory : pathlib.Path
         Where the stores are (a temporary directory removed with the object, unless `workdir`
         was given).
+    quantity : {"scores", "probs"}
+        What was organized and measured.
     """
 
     model: str
@@ -104,7 +110,25 @@ class Analysis:
         return [self.directory / f"{what}{i}.zarr" / "zarr.json" for i in range(len(self.attention))]
 
     def organization(self, prompt: int = 0) -> xr.Dataset:
-        """The organized store of one sample (`api.organize`'s Dataset)."""
+        """The organized store of one sample (`api.organize`'s Dataset).
+
+        Parameters
+        ----------
+        prompt : int, default 0
+            The sample's index (negative from the end).
+
+        Returns
+        -------
+        xarray.Dataset
+            The trees' int64 labels `tree_q` (level_q, query), `tree_k` (level_k, key), `tree_h`
+            (level_h, unit) and the float32 affinities `affinity_q` (query, query_), `affinity_k`
+            (key, key_), `affinity_h` (unit, unit_).
+
+        Raises
+        ------
+        ValueError
+            If `prompt` is not the index of a sample.
+        """
         from . import store
 
         return store.read_store(self._paths("organized")[self._prompt(prompt)])
@@ -118,10 +142,17 @@ class Analysis:
     # -- claims ------------------------------------------------------------------------------------
     @property
     def claims(self) -> pd.DataFrame:
-        """The claims these samples decide on this model alone (`stages.summary.PROMPT_KEYS`:
-        sparsity against two baselines, bottom and top recurrence, Table 2's numbers, the heads'
-        diffusion map), tested as the workflow's claims table tests them (docs/method.md §13),
-        Holm-corrected among themselves. Computed on first use."""
+        """The claims these samples decide on this model alone (docs/method.md §13).
+
+        `stages.summary.PROMPT_KEYS`: sparsity against two baselines, bottom and top recurrence,
+        Table 2's numbers, the heads' diffusion map, tested as the workflow's claims table tests
+        them, Holm-corrected among themselves. Computed on first use.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per claim, as the workflow's claims table holds it.
+        """
         if self._claims is None:
             from .stages.summary import prompt_claims
 
@@ -134,22 +165,30 @@ class Analysis:
 
     # -- one head ------------------------------------------------------------------------------------
     def show(self, layer: int, head: int, prompt: int = 0, *, max_labels: int = 48):
-        """One head of one sample: as the model computed it, in the network's organized order
-        with the query and key trees' coarse folders drawn, and its paraproduct residual in its
-        own 2-D organization (docs/method.md §5, §7), tokens as labels.
+        """One head of one sample, drawn with its trees and its paraproduct residual (docs/method.md §5, §7).
+
+        As the model computed it, in the network's organized order with the query and key
+        trees' coarse folders drawn, and its paraproduct residual in its own 2-D organization,
+        tokens as labels.
 
         Parameters
         ----------
         layer, head : int
             The model's indices of the head.
-        prompt : int
+        prompt : int, default 0
             The sample.
-        max_labels : int
+        max_labels : int, default 48
             Up to this many tokens are written on the axes; longer samples get thinned ticks.
 
         Returns
         -------
         matplotlib.figure.Figure
+            The head's views.
+
+        Raises
+        ------
+        ValueError
+            If `layer` or `head` is not one of those analysed, or `prompt` not a sample's index.
         """
         from .api import paraproduct_residual
         from .explorer.collect import shown_tokens
@@ -183,19 +222,26 @@ class Analysis:
     # -- the page ------------------------------------------------------------------------------------
     def page(self, path, *, heads_2d: int | None = None, max_side: int | None = None,
              data_mb: float | None = None) -> Path:
-        """Write the explorer page (one self-contained HTML file) of these samples, whatever their
-        lengths: the workflow's explorer stage on the stores already computed.
+        """Write the explorer page of these samples, whatever their lengths.
+
+        One self-contained HTML file: the workflow's explorer stage on the stores already
+        computed.
 
         Parameters
         ----------
         path : str or os.PathLike
             The HTML file written.
-        heads_2d, max_side, data_mb : optional
-            The workflow's `explorer` settings; default this analysis's.
+        heads_2d : int, optional
+            The workflow's `explorer.heads_2d`; default this analysis's.
+        max_side : int, optional
+            The workflow's `explorer.max_side`; default this analysis's.
+        data_mb : float, optional
+            The workflow's `explorer.data_mb`; default this analysis's.
 
         Returns
         -------
         pathlib.Path
+            `path`.
         """
         from .config import section_settings
         from .stages.explorer import explorer
@@ -255,14 +301,18 @@ def analyze(model, prompts=None, *, max_length: int | None = None, chat: bool = 
         `oattn_lib.adapters` for TransformerLens and nnsight), with `prompts` None.
     prompts : list of str
         The texts, one sample each, of any lengths.
-    max_length, chat, layers, heads : optional
+    max_length : int, optional
+        As in `api.extract`.
+    chat : bool, default False
+        As in `api.extract`.
+    layers, heads : list of int, optional
         As in `api.extract`.
     quantity : {"scores", "probs"}, optional
         What is organized and measured; default the workflow's `extract.quantity`.
     masked : {"row_mean", "keep"}, optional
         The rule for the scores' masked entries (docs/method.md §9.5); default the workflow's
         `extract.masked`.
-    organize, decompose, entropy, claims, explorer : dict, optional
+    organize, decompose, entropy : dict, optional
         The keys of the workflow's config sections of those names; unset keys take the schema's
         defaults, and a bad key is a `ConfigError` naming it.
     stability : dict or bool, optional
@@ -270,6 +320,8 @@ def analyze(model, prompts=None, *, max_length: int | None = None, chat: bool = 
         perturbations that carry no information (docs/method.md §14), which give every number of
         `head_summary` and Table 1 its range over replicates and the claims their numerical
         replication. They cost an organize and a decompose per replicate.
+    claims, explorer : dict, optional
+        As `organize`: the keys of the workflow's `claims` and `explorer` sections.
     device : str, optional
         "auto", "cpu" or "cuda"; default the workflow's `device`.
     name : str, optional
@@ -283,6 +335,7 @@ def analyze(model, prompts=None, *, max_length: int | None = None, chat: bool = 
     Returns
     -------
     Analysis
+        The tables, the stores and what draws them.
 
     Raises
     ------
@@ -366,7 +419,7 @@ def _attention(model, prompts, *, max_length, chat, layers, heads, device, show)
         raise ValueError("prompts: expected a non-empty list of strings"
                          + (" (wrap a single prompt in a list)" if isinstance(prompts, str) else ""))
     if isinstance(model, (str, os.PathLike)):
-        from .models.hf import load_hf
+        from .models.hf_recording import load_hf
 
         net, tok = load_hf(str(model), device=device)
         pair, label = (net, tok), str(model)

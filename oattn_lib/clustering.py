@@ -26,12 +26,30 @@ ITERATIONS = 50
 
 
 def silhouettes(distances: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Mean silhouette of each of a batch of labelled clouds.
+    """Mean silhouette of each of a batch of labelled clouds (docs/method.md §13.6).
 
-    distances : (B, n, n) symmetric, zero diagonal; labels : int (B, n) in 0..k-1. With a(i) the
-    mean distance of i to the other members of its cluster and b(i) the smallest mean distance to
-    another cluster, s(i) = (b - a) / max(a, b), 0 for a cluster of one (and where a = b = 0).
-    Returns (B,) float; NaN where a labelling has fewer than 2 clusters."""
+    With a(i) the mean distance of i to the other members of its cluster and b(i) the smallest
+    mean distance to another cluster, s(i) = (b - a) / max(a, b), 0 for a cluster of one (and
+    where a = b = 0).
+
+    Parameters
+    ----------
+    distances : ndarray of shape (B, n, n)
+        The distances between the n points of each cloud: symmetric, zero diagonal.
+    labels : ndarray of shape (B, n)
+        int in 0..k-1, the cluster of each point.
+
+    Returns
+    -------
+    ndarray of shape (B,)
+        float, the mean of s(i) over each cloud's points; NaN where a labelling has fewer than
+        2 clusters.
+
+    Raises
+    ------
+    ValueError
+        If the shapes are not (B, n, n) and (B, n).
+    """
     d = np.asarray(distances, dtype=float)
     lab = np.asarray(labels)
     if d.ndim != 3 or d.shape[1] != d.shape[2] or lab.shape != d.shape[:2]:
@@ -84,10 +102,31 @@ def _kmeans(x: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray
 
 
 def best_silhouette(points, max_k: int = MAX_K, rng=None) -> np.ndarray:
-    """The label-free clustering statistic of each cloud: the largest mean silhouette of a k-means
-    partition over k = 2..min(max_k, n - 1), each k's partition the best of RESTARTS starts.
+    """The label-free clustering statistic of each cloud (docs/method.md §13.6).
 
-    points : (n, d) or a batch (B, n, d). Returns () or (B,) float; NaN for fewer than 3 points."""
+    The largest mean silhouette (`silhouettes`) of a k-means partition over
+    k = 2..min(max_k, n - 1), each k's partition the best of `RESTARTS` starts.
+
+    Parameters
+    ----------
+    points : array_like of shape (n, d) or (B, n, d)
+        One cloud of n points, or a batch of B clouds.
+    max_k : int, default MAX_K
+        The largest number of clusters tried.
+    rng : int, sequence of int or numpy.random.Generator, optional
+        The random state of the k-means seeding (`numpy.random.default_rng`'s argument).
+
+    Returns
+    -------
+    float or ndarray of shape (B,)
+        The statistic of the cloud (a numpy float), or of each cloud of the batch; NaN for
+        fewer than 3 points.
+
+    Raises
+    ------
+    ValueError
+        If `points` is not of shape (n, d) or (B, n, d).
+    """
     x = np.asarray(points, dtype=float)
     single = x.ndim == 2
     if single:
@@ -110,8 +149,24 @@ def best_silhouette(points, max_k: int = MAX_K, rng=None) -> np.ndarray:
 
 
 def gaussian_like(points, draws: int, rng) -> np.ndarray:
-    """`draws` Gaussian clouds with the number of points, mean and covariance of `points` (n, d):
-    (draws, n, d). A singular covariance gives clouds in the same subspace."""
+    """Gaussian clouds with the number of points, mean and covariance of `points`: the null.
+
+    A singular covariance gives clouds in the same subspace (docs/method.md §13.6).
+
+    Parameters
+    ----------
+    points : array_like of shape (n, d)
+        The cloud.
+    draws : int
+        The number of clouds drawn.
+    rng : int, sequence of int or numpy.random.Generator
+        The random state (`numpy.random.default_rng`'s argument).
+
+    Returns
+    -------
+    ndarray of shape (draws, n, d)
+        float64, the clouds.
+    """
     x = np.asarray(points, dtype=float)
     mean = x.mean(0)
     w, v = np.linalg.eigh(np.cov(x, rowvar=False).reshape(x.shape[1], x.shape[1]))
@@ -122,11 +177,20 @@ def gaussian_like(points, draws: int, rng) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ClusterTest:
-    """A cloud's clustering statistic against its Gaussian null.
+    """A cloud's clustering statistic against its Gaussian null (docs/method.md §13.6).
 
-    statistic : `best_silhouette` of the cloud; null : (draws,) the same of the Gaussian clouds;
-    z : (statistic - mean(null)) / sd(null), how many null spreads more clustered than a continuous
-    cloud; p : (1 + null draws at least as clustered) / (1 + draws)."""
+    Attributes
+    ----------
+    statistic : float
+        `best_silhouette` of the cloud.
+    null : ndarray of shape (draws,)
+        The same of the Gaussian clouds (`gaussian_like`), the finite ones.
+    z : float
+        (statistic - mean(null)) / sd(null), how many null spreads more clustered than a
+        continuous cloud.
+    p : float
+        (1 + null draws at least as clustered) / (1 + draws), the Monte Carlo p-value.
+    """
 
     statistic: float
     null: np.ndarray
@@ -135,8 +199,22 @@ class ClusterTest:
 
 
 def against_null(statistic: float, null) -> ClusterTest:
-    """A cloud's `best_silhouette` `statistic` against the same of its null clouds (NaN left out):
-    z and the Monte Carlo p-value of `ClusterTest`; z and p NaN with fewer than two null values."""
+    """A cloud's `best_silhouette` against the same of its null clouds.
+
+    Parameters
+    ----------
+    statistic : float
+        `best_silhouette` of the cloud.
+    null : array_like of shape (draws,)
+        `best_silhouette` of each null cloud; NaN values are left out.
+
+    Returns
+    -------
+    ClusterTest
+        The statistic, the finite null values, z and the Monte Carlo p-value; z and p NaN with
+        fewer than two null values (or a NaN statistic), z NaN where the null values do not
+        spread.
+    """
     null = np.asarray(null, dtype=float)
     null = null[np.isfinite(null)]
     if not np.isfinite(statistic) or null.size < 2:
@@ -147,8 +225,22 @@ def against_null(statistic: float, null) -> ClusterTest:
 
 
 def cluster_test(points, draws: int, rng) -> ClusterTest:
-    """`best_silhouette` of `points` (n, d) against `draws` clouds of `gaussian_like` (docs/method.md
-    §13.6), all from one generator `rng` (an int, a sequence or a Generator)."""
+    """`best_silhouette` of `points` against `draws` clouds of `gaussian_like` (docs/method.md §13.6).
+
+    Parameters
+    ----------
+    points : array_like of shape (n, d)
+        The cloud (the heads' diffusion coordinates, say).
+    draws : int
+        The number of null clouds.
+    rng : int, sequence of int or numpy.random.Generator
+        The one random state of the k-means and of the null draws.
+
+    Returns
+    -------
+    ClusterTest
+        The cloud's statistic against its null (`against_null`).
+    """
     rng = np.random.default_rng(rng)
     x = np.asarray(points, dtype=float)
     obs = float(best_silhouette(x, rng=rng))

@@ -46,8 +46,19 @@ MODEL_MEASURES = {
 
 @dataclass(frozen=True)
 class Side:
-    """One analysis as compared: its name, heads table (`heads.sample_rows`), head summary
-    (`heads.head_summary`) and Table 2."""
+    """One analysis as compared: its name, heads table, head summary and Table 2 (docs/method.md §15).
+
+    Attributes
+    ----------
+    name : str
+        The side's name in the tables and the page.
+    rows : pandas.DataFrame
+        One row per (sample, layer, head) (`heads.sample_rows`).
+    summary : pandas.DataFrame
+        One row per head over the samples (`heads.head_summary`).
+    table2 : pandas.DataFrame
+        Table 2, one row per sample (docs/method.md §6.4).
+    """
 
     name: str
     rows: pd.DataFrame
@@ -56,14 +67,48 @@ class Side:
 
 
 def side_from_files(name: str, rows, summary, table2) -> Side:
-    """A `Side` from a workflow model's heads.parquet, heads_summary.parquet and tables/table2.csv."""
+    """A `Side` from a workflow model's heads.parquet, heads_summary.parquet and tables/table2.csv.
+
+    Parameters
+    ----------
+    name : str
+        The side's name.
+    rows : str or os.PathLike
+        The heads.parquet file.
+    summary : str or os.PathLike
+        The heads_summary.parquet file.
+    table2 : str or os.PathLike
+        The tables/table2.csv file.
+
+    Returns
+    -------
+    Side
+        The three tables, read.
+    """
     return Side(name, pd.read_parquet(rows), pd.read_parquet(summary), pd.read_csv(table2))
 
 
 def load_side(source, name: str | None = None) -> Side:
-    """A `Side` from an `Analysis`, or from a workflow result directory `results/<model>` (its
-    heads.parquet, heads_summary.parquet and tables/table2.csv). ValueError naming the file
-    that is missing."""
+    """A `Side` from an `Analysis`, or from a workflow result directory `results/<model>`.
+
+    Parameters
+    ----------
+    source : Analysis, str or os.PathLike
+        An `analyze` result, or a directory holding heads.parquet, heads_summary.parquet and
+        tables/table2.csv.
+    name : str, optional
+        The side's name; default the analysis's model, or the directory's name.
+
+    Returns
+    -------
+    Side
+        The side's tables.
+
+    Raises
+    ------
+    ValueError
+        Naming the file that is missing.
+    """
     if hasattr(source, "heads") and hasattr(source, "head_summary"):
         return Side(name or source.model, source.heads, source.head_summary, source.table2)
     d = Path(source)
@@ -81,8 +126,9 @@ def _weights(n: int, draws: int, rng) -> np.ndarray:
 
 
 def two_sample(xa: np.ndarray, xb: np.ndarray, *, permutations: int, bootstrap: int, seed: int) -> dict:
-    """Difference of means over samples, b - a, of each column, with its interval and a two-sided
-    permutation p-value (samples as units).
+    """Difference of means over samples, b - a, of each column, with its interval and permutation p-value.
+
+    The p-value is two-sided; the samples are the units (docs/method.md §15).
 
     Parameters
     ----------
@@ -93,6 +139,7 @@ def two_sample(xa: np.ndarray, xb: np.ndarray, *, permutations: int, bootstrap: 
     bootstrap : int
         Resamplings of each side's samples for the interval.
     seed : int
+        The seed of the resamplings and relabellings.
 
     Returns
     -------
@@ -144,7 +191,7 @@ def head_changes(a: Side, b: Side, *, permutations: int = 9999, bootstrap: int =
     ----------
     a, b : Side
         Two analyses of the same heads (one model, two prompt sets).
-    permutations, bootstrap, seed
+    permutations, bootstrap, seed : int
         As in `two_sample`.
 
     Returns
@@ -202,6 +249,13 @@ def _per_sample(s: Side) -> pd.DataFrame:
 def model_differences(a: Side, b: Side, *, permutations: int = 9999, bootstrap: int = 2000,
                       seed: int = 0) -> pd.DataFrame:
     """The measures of any two analyses, b against a (module docstring).
+
+    Parameters
+    ----------
+    a, b : Side
+        The two analyses, of the same model or of two models.
+    permutations, bootstrap, seed : int
+        As in `two_sample`.
 
     Returns
     -------
@@ -280,8 +334,17 @@ class Comparison:
     models: pd.DataFrame
 
     def figure(self):
-        """The comparison's figure (`plots.comparison.fig_comparison`): each head's rank on both
-        sides where the heads are compared one by one."""
+        """The comparison's figure (`plots.comparison.fig_comparison`).
+
+        The distributions of the heads' scale-free entropies and of the sparsity gains, the
+        heads' diffusion maps, and each head's rank on both sides where the heads are compared
+        one by one.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            The figure.
+        """
         from .plots.comparison import fig_comparison
 
         sides = (self.a, self.b)
@@ -298,7 +361,19 @@ class Comparison:
 
     def page(self, path) -> Path:
         """Write one self-contained HTML page: what the verdicts mean, both tables and the figure.
-        Without a head-by-head table, the page says why."""
+
+        Without a head-by-head table, the page says why. Written atomically.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The HTML file.
+
+        Returns
+        -------
+        pathlib.Path
+            `path`.
+        """
         from html import escape
 
         from . import store
@@ -339,12 +414,19 @@ def compare(a, b, *, names: tuple[str, str] | None = None, heads: bool | None = 
     heads : bool, optional
         Compare head by head (one model on two sets of prompts); default: where both sides hold
         the same (layer, head) pairs. Pass False for two models that merely share a shape.
-    permutations, bootstrap, seed
+    permutations, bootstrap, seed : int
         As in `two_sample`.
 
     Returns
     -------
     Comparison
+        The two sides, `head_changes` (or None) and `model_differences`.
+
+    Raises
+    ------
+    ValueError
+        Naming a workflow result directory that lacks a file, or the side that lacks a head
+        the other has where the heads are compared one by one.
     """
     na, nb = names or (None, None)
     sa, sb = load_side(a, na), load_side(b, nb)

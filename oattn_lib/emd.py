@@ -10,8 +10,8 @@ means of its two parts, O(n) per vector) a chunk of subtrees at a time, and each
 of features is added into the L1 distances and dropped (`TreeEMD`): memory stays at
 about X plus a few blocks, and no dense folder-membership product is formed.
 
-The L1 between the feature rows is the hot spot of the questionnaire (about 70% of its
-time at 1024 x 1024 x 270): on CPU a cache-blocked numba kernel over the upper triangle,
+The L1 between the feature rows is the hot spot of the questionnaire (most of its time;
+`bench/emd_kernel.py` measures it): on CPU a cache-blocked numba kernel over the upper triangle,
 on other devices chunked `torch.cdist`. On a small busy machine, run with
 OMP_WAIT_POLICY=PASSIVE in the environment (read when torch is imported): otherwise
 torch's idle OpenMP threads spin while the numba threads work, and the kernel can be
@@ -36,8 +36,7 @@ __all__ = ["pairwise_l1", "tree_features", "tree_emd", "TreeEMD", "emd_affinity"
 _BLOCK = 16
 # Columns of one feature strip, on which a thread does all its block pairs while the
 # strip is in cache. Long enough that the per-strip reductions of the micro-kernel cost
-# little (~5%); measured best at 1024 for m = 270..2048 (2.3e10 abs-diffs per core-second
-# here, against 1.9e10 with 256).
+# little; the best length found for 270 to 2048 rows (`bench/emd_kernel.py` times the kernel).
 _STRIP = 1024
 
 
@@ -351,12 +350,27 @@ def _pairwise_l1_torch(F: torch.Tensor, row_chunk: int = 1024, col_chunk: int = 
 
 
 def pairwise_l1(F):
-    """L1 distances between the rows of F (m, d): the EMD of docs/method.md §4.1 on tree features.
+    """L1 distances between the rows of F: the EMD of docs/method.md §4.1 on tree features.
 
-    Returns a symmetric float64 (m, m) matrix with a zero diagonal, as numpy or torch like
-    the input. On CPU this runs a cache-blocked multi-threaded kernel (numba); on other
-    devices, chunked `torch.cdist(p=1)`. Either way only float32 partial sums over short
-    feature chunks are formed, accumulated in float64.
+    On CPU this runs a cache-blocked multi-threaded kernel (numba); on other devices,
+    chunked `torch.cdist(p=1)`. Either way only float32 partial sums over short feature
+    chunks are formed, accumulated in float64.
+
+    Parameters
+    ----------
+    F : ndarray or torch.Tensor of shape (m, d)
+        One row of features per slice (`tree_features`), taken in float32.
+
+    Returns
+    -------
+    ndarray or torch.Tensor of shape (m, m)
+        The distances, float64, symmetric with a zero diagonal; numpy or torch like F, on
+        F's device.
+
+    Raises
+    ------
+    ValueError
+        If F is not a 2-D numeric array, has an axis of length 0 or contains NaN or inf.
     """
     t, was_numpy = as_tensor(F, "F", ndim=2, finite=False)
     _check_finite(t, "F")
@@ -382,9 +396,24 @@ _BLOCK_BYTES = 64 << 20
 class TreeEMD:
     """Tree EMDs between the slices of one (query, key, head) tensor, over any trees (docs/method.md §4).
 
-    X is checked once; the buffers of the feature blocks are kept from call to call (on
-    this machine fresh memory costs more than the sweeps that fill it), so the
-    questionnaire, which asks for nine EMDs of one tensor, builds one of these.
+    X is checked once; the buffers of the feature blocks are kept from call to call (fresh
+    memory can cost more than the sweeps that fill it), so the questionnaire, which asks for
+    nine EMDs of one tensor, builds one of these. Calling it,
+    ``TreeEMD(X)(axis, trees, alpha, beta)``, gives the (n_slices, n_slices) float64 distance
+    matrix of `tree_emd`, always as torch on X's device.
+
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The tensor, taken in float32 on its device.
+    check_finite : bool, default True
+        Check X for NaN and inf here; False where the caller has checked it.
+
+    Raises
+    ------
+    ValueError
+        If X is not a 3-D numeric array, has an axis of length 0 or (with `check_finite`)
+        contains NaN or inf.
     """
 
     def __init__(self, X, check_finite: bool = True):
@@ -396,7 +425,22 @@ class TreeEMD:
         self._reach = None
 
     def __call__(self, axis: int, trees, alpha=0.0, beta=1.0) -> torch.Tensor:
-        """The (n_slices, n_slices) float64 distance matrix, as torch; see `tree_emd`."""
+        """The tree EMD between the slices of X along `axis`, as torch; see `tree_emd`.
+
+        Parameters
+        ----------
+        axis : int
+            The slices compared: 0 queries, 1 keys, 2 heads.
+        trees : pair of PartitionTree
+            Trees on the two other axes, in increasing axis order.
+        alpha, beta : float or pair of floats, default 0.0 and 1.0
+            The folder-weight exponents, for both trees or one per tree.
+
+        Returns
+        -------
+        torch.Tensor of shape (n_slices, n_slices)
+            The distances, float64, symmetric, on X's device.
+        """
         axis, trees, al, be = self._check(axis, trees, alpha, beta)
         support = self._support(axis)
         total = _L1Sum(self.X.shape[axis], self.X.device,
@@ -439,18 +483,40 @@ class TreeEMD:
         return buf[:n]
 
     def blocks(self, axis: int, trees, alphas, betas, block_bytes: int | None, item_support=None):
-        """Yield (block, d): the first d columns of each 2-D `block` (n_slices rows) are some
-        of the features (`tree_features`); together, all of them. A block lives until the
-        next one is asked for. With `item_support` (a number per item of trees[0]'s axis),
-        each block's folders of trees[0] come by decreasing support (a folder's: its items'
-        largest), which costs nothing: the sweeps emit them in that order.
+        """The features of the slices along `axis` (`tree_features`), block by block.
+
+        The first d columns of each block are some of the features; together, all of them.
+        A block lives until the next one is asked for. With `item_support`, each block's
+        folders of trees[0] come by decreasing support (a folder's: its items' largest),
+        which costs nothing: the sweeps emit them in that order.
 
         Folder means are built by sweeps through the trees (`sweep`): every average over a
         folder from the averages over its parts, never a dense membership product. The
         folders of trees[0] are taken a chunk of subtrees at a time (chunks of at most
         ~max_items items, so a block holds about `block_bytes`), the means of the chunks'
-        roots kept for the folders above them. With block_bytes None, one block, in the
-        column order (folder of trees[0], folder of trees[1]).
+        roots kept for the folders above them.
+
+        Parameters
+        ----------
+        axis : int
+            The slices: 0 queries, 1 keys, 2 heads, as checked by the caller.
+        trees : pair of PartitionTree
+            Trees on the two other axes, in increasing axis order, as checked by the caller.
+        alphas, betas : pair of floats
+            The folder-weight exponents of trees[0] and trees[1].
+        block_bytes : int or None
+            About how many bytes one block holds; None for one block, in the column order
+            (folder of trees[0], folder of trees[1]).
+        item_support : ndarray of shape (n_items,), optional
+            A number per item of trees[0]'s axis, by which the folders of each block are
+            ordered.
+
+        Yields
+        ------
+        block : torch.Tensor of shape (n_slices, width)
+            Features in X's dtype on its device (the kept buffers: read it before the next).
+        d : int
+            How many of its first columns are features.
         """
         t = self.X
         ta, tb = trees
@@ -502,7 +568,7 @@ class TreeEMD:
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     # numpy on CPU: torch's strided copies between numba's parallel regions are erratic here
-    # (up to 10x slower, waking its OpenMP threads)
+    # (far slower at times, waking its OpenMP threads)
     if dst.device.type == "cpu":
         np.copyto(dst.numpy(), src.numpy())
     else:
@@ -547,14 +613,34 @@ def _reload(prog: Program) -> Program:
 def tree_features(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0) -> torch.Tensor:
     """Tree EMD feature vector of every slice of X along `axis` (docs/method.md §4.1), as torch.
 
-    X : float array or tensor of shape (n_query, n_key, n_head); the result is a float
-    tensor (n_slices, F_a * F_b), float32 (X is taken in float32), on X's device.
+    Row s of the result holds w(A) w(B) mean(X_s[A, B]) over every pair of distinct folders
+    (A in trees[0], B in trees[1]); a folder that repeats over k levels (single child)
+    carries the sum of its k level weights, so the L1 distance between rows equals the L1
+    over all (level, folder) pairs of docs/method.md §4.1. `tree_emd` never holds this
+    matrix; this is its reference.
 
-    Row s of the (n_slices, F_a * F_b) result holds w(A) w(B) mean(X_s[A, B]) over every
-    pair of distinct folders (A in trees[0], B in trees[1]); a folder that repeats over k
-    levels (single child) carries the sum of its k level weights, so the L1 distance
-    between rows equals the L1 over all (level, folder) pairs of docs/method.md §4.1. `tree_emd`
-    never holds this matrix; this is its reference.
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The tensor, float (taken in float32).
+    axis : int
+        The slices: 0 queries, 1 keys, 2 heads.
+    trees : pair of PartitionTree
+        Trees on the two other axes, in increasing axis order.
+    alpha, beta : float or pair of floats, default 0.0 and 1.0
+        The folder-weight exponents (`tree_emd`), for both trees or one per tree.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_slices, F_a * F_b)
+        float32 on X's device; F_a and F_b are the numbers of distinct folders of trees[0]
+        and trees[1], in the column order (folder of trees[0], folder of trees[1]).
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite 3-D numeric array, `axis` is not 0, 1 or 2, `trees` is not a pair
+        of PartitionTree of the lengths of the other axes, or an exponent is not a finite number.
     """
     emd = TreeEMD(X)
     axis, trees, al, be = emd._check(axis, trees, alpha, beta)
@@ -565,17 +651,33 @@ def tree_features(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0) ->
 def tree_emd(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0):
     """Tree EMD between the slices of a (query, key, head) tensor along `axis` (docs/method.md §4).
 
-    X : float array or tensor of shape (n_query, n_key, n_head).
-    `axis` picks the slices compared (2: heads, X[:, :, h]; 0: queries; 1: keys);
-    `trees` = (tree on the first remaining axis, tree on the second), in increasing axis
-    order, e.g. (T_Q, T_K) for axis=2. Folder weights are
-    w(F) = (|F| / n)^beta * 2^((1 - level(F)) * alpha), root level 1; `alpha` and `beta`
-    are numbers, or pairs giving each tree its own exponent. Returns the
-    symmetric (n_slices, n_slices) float64 distance matrix, numpy or torch like X.
-
+    Folder weights are w(F) = (|F| / n)^beta * 2^((1 - level(F)) * alpha), root level 1.
     The features (`tree_features`) are built and consumed block by block: memory stays
     at about the size of X plus a few blocks, whatever the number of folders. For many
     EMDs of one tensor, `TreeEMD` keeps its buffers.
+
+    Parameters
+    ----------
+    X : ndarray or torch.Tensor of shape (n_query, n_key, n_head)
+        The tensor, float (taken in float32).
+    axis : int
+        The slices compared: 2 heads, X[:, :, h]; 0 queries; 1 keys.
+    trees : pair of PartitionTree
+        (tree on the first remaining axis, tree on the second), in increasing axis order,
+        e.g. (T_Q, T_K) for axis=2.
+    alpha, beta : float or pair of floats, default 0.0 and 1.0
+        The folder-weight exponents: numbers, or pairs giving each tree its own exponent.
+
+    Returns
+    -------
+    ndarray or torch.Tensor of shape (n_slices, n_slices)
+        The distances, float64, symmetric; numpy or torch like X.
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite 3-D numeric array, `axis` is not 0, 1 or 2, `trees` is not a pair
+        of PartitionTree of the lengths of the other axes, or an exponent is not a finite number.
     """
     return back(TreeEMD(X)(axis, trees, alpha, beta), not isinstance(X, torch.Tensor))
 
@@ -583,14 +685,30 @@ def tree_emd(X, axis: int, trees, alpha: float = 0.0, beta: float = 1.0):
 def emd_affinity(D, eps: float = 1.0):
     """Gaussian affinity G = exp(-D / (eps * median(D))) between slices (docs/method.md §4.3).
 
-    D : nonnegative float array or tensor of shape (n, n); G has the same shape.
-
     The median is over all n^2 entries of D (diagonal included, the mean of the two middle
     values when n^2 is even, as numpy's). Degenerate scales never divide by zero: if the
     median is 0 (more than half of the pairs are identical slices), the mean of the
     nonzero entries is used instead; if D is all zeros (every slice the same), G is all
-    ones. G is float64 in (0, 1] (entries far beyond the scale may underflow to 0), with
-    ones on the diagonal; numpy or torch like D.
+    ones.
+
+    Parameters
+    ----------
+    D : ndarray or torch.Tensor of shape (n, n)
+        Nonnegative distances between n slices (`tree_emd`).
+    eps : float, default 1.0
+        The scale, in medians of D, positive.
+
+    Returns
+    -------
+    G : ndarray or torch.Tensor of shape (n, n)
+        float64 in (0, 1] (entries far beyond the scale may underflow to 0), with ones on the
+        diagonal; numpy or torch like D.
+
+    Raises
+    ------
+    ValueError
+        If D is not a square numeric matrix, contains NaN or inf or has negative entries, or
+        `eps` is not a positive number.
     """
     d, was_numpy = as_tensor(D, "D", ndim=2, dtype=torch.float64)
     if d.shape[0] != d.shape[1]:
@@ -612,7 +730,7 @@ def emd_affinity(D, eps: float = 1.0):
 
 def _median(flat: torch.Tensor) -> float:
     """numpy's median of a 1-D tensor (the mean of the two middle values for an even count):
-    two order statistics by selection, not a sort (10 ms instead of 110 ms for 1024^2 on CPU)."""
+    two order statistics by selection, not a sort, which is much cheaper on CPU."""
     n = flat.numel()
     lo, hi = (n - 1) // 2, n // 2
     if flat.device.type == "cpu":

@@ -1,5 +1,6 @@
-"""Every head's measures as a table: one row per (sample, layer, head), and a per-head summary
-across samples with each number's spread (docs/method.md §6.4, §14).
+"""Every head's measures as a table, one row per (sample, layer, head), and a per-head summary.
+
+The summary is across samples, with each number's spread (docs/method.md §6.4, §14).
 
 `sample_rows` reads what the entropy stage stores (each head's Haar entropy, l1/l2 sparsity and
 Frobenius norm per sample) and what the decompose stage stores beside it (the head's
@@ -31,16 +32,19 @@ SUMMARY_INTERVAL = 0.95
 
 
 def rank_within(entropies: np.ndarray) -> np.ndarray:
-    """Each head's rank by entropy within its row, 1 for the lowest; equal values rank by head
-    index, as Table 1's sets do (docs/method.md §6.4).
+    """Each head's rank by entropy within its row, 1 for the lowest (docs/method.md §6.4).
+
+    Equal values rank by head index, as Table 1's sets do.
 
     Parameters
     ----------
     entropies : ndarray of shape (..., n_units)
+        The heads' entropies, one row per sample (or any leading axes).
 
     Returns
     -------
-    ndarray of int64, same shape
+    ndarray of int64, shape (..., n_units)
+        The ranks, 1..n_units along each row.
     """
     e = np.asarray(entropies, dtype=float)
     order = np.argsort(e, axis=-1, kind="stable")
@@ -280,16 +284,34 @@ def heads_files(entropy_store, decomposed_stores: list, out_rows, out_summary, *
 
     Parameters
     ----------
-    entropy_store, decomposed_stores, stability_store : paths
-        The entropy store, each sample's decomposed store (in order), the stability store.
-    out_rows, out_summary : paths
+    entropy_store : str or os.PathLike
+        The entropy store.
+    decomposed_stores : list of str or os.PathLike
+        Each sample's decomposed store, in the entropy store's sample order.
+    out_rows, out_summary : str or os.PathLike
         The parquet files written (atomically).
-    model, fraction, bootstrap, seed
-        As in `sample_rows` and `head_summary`.
+    model : str
+        As in `sample_rows`.
+    fraction : float
+        As in `sample_rows`.
+    stability_store : str or os.PathLike, optional
+        The stability store, where the stability stage ran.
+    bootstrap : int, default 2000
+        As in `head_summary`.
+    seed : int, default 0
+        As in `head_summary`.
 
     Returns
     -------
-    (rows, summary) : pandas.DataFrame
+    rows : pandas.DataFrame
+        `sample_rows`, as written to `out_rows`.
+    summary : pandas.DataFrame
+        `head_summary`, as written to `out_summary`.
+
+    Raises
+    ------
+    StoreError
+        Naming a store that is missing or unreadable.
     """
     from . import store
 

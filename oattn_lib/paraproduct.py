@@ -38,7 +38,7 @@ returning inf or nan.
 The exact telescoping sum has a different limit. Its terms can exceed the value they
 add up to by exp(s_i - f[i, k]): up to exp(1600) for rows at +-800, beyond float64's
 whole range (about exp(1454)). Added as floats they leave an absolute error of about
-1e-16 times the largest term: measured 0.4 on values <= 1 for rows at +-400, and 6e8
+1e-16 times the largest term: 0.4 on values <= 1 for rows at +-400, and 6e8
 for a 64 x 64 head with rows at +-40 in random order plus noise 8. No factor or order
 of summation avoids this, because the largest terms really are that large. But the sum
 is a linear combination of the g_{j,j'} with integer coefficients, so `telescoping_sum`
@@ -67,6 +67,8 @@ __all__ = ["APPROXIMATIONS", "Approximations", "Paraproduct", "ROW_SUM_FLOOR", "
 @dataclass(frozen=True, eq=False)
 class Paraproduct:
     """The paraproduct decomposition of softmax(organized head) (docs/method.md §7).
+
+    What `paraproduct` returns.
 
     Attributes
     ----------
@@ -529,8 +531,10 @@ sum_{j,j'} (D + Dx Dy), and sum D alone; its Taylor variant 1 + (f - mu) + sum D
 
 @dataclass(frozen=True, eq=False)
 class Approximations:
-    """The approximations of `APPROXIMATIONS` of softmax(organized head), each divided by the exact
-    row sums and by its own, and uniform attention (docs/method.md §7.5, §7.7).
+    """The approximations of softmax(organized head) of `APPROXIMATIONS`, and uniform attention.
+
+    Each approximation divided by the exact row sums and by its own, and uniform attention
+    (docs/method.md §7.5, §7.7): what `approximations` returns.
 
     Attributes
     ----------
@@ -564,7 +568,7 @@ class Approximations:
     mean : float
         mu, the mean of f over all entries (masked ones included), where Corollary 1 and its
         Taylor variant take A' = A'' = 1.
-    row_order, col_order : ndarray of int64
+    row_order, col_order : ndarray of int64, shape (N,) and (M,)
         The permutations used.
     """
 
@@ -585,9 +589,10 @@ class Approximations:
 
 
 def approximations(f, row_order=None, col_order=None, allowed=None) -> Approximations:
-    """The paraproduct, Corollary 1 as the paper states it, its Taylor variant, each with and
-    without the cross terms, and uniform attention, against softmax of one head (docs/method.md §7.5,
-    §7.7), from one set of block averages and one pass over the level pairs.
+    """The paraproduct, Corollary 1 and its Taylor variant against softmax of one head.
+
+    Each with and without the cross terms, and uniform attention, against softmax of one head
+    (docs/method.md §7.5, §7.7), from one set of block averages and one pass over the level pairs.
 
     With D, Dx, Dy the differences of block averages of docs/method.md §7.3 and mu the mean of f,
     the approximations of exp(f) (`APPROXIMATIONS`) are

@@ -1,5 +1,4 @@
-"""Smoothness of the paraproduct's residual (Theorem 1) and the approximation of Corollary 1
-(docs/method.md §7.7).
+"""Smoothness of the paraproduct's residual (Theorem 1) and Corollary 1's approximation (docs/method.md §7.7).
 
 Theorem 1 says more than "the residual is small": for f mixed alpha-Hölder on the organized
 trees, the residual A(f) - Ã(f) of the paraproduct lies in Lambda^{2 alpha}, a smoother class
@@ -51,20 +50,37 @@ MIN_DOF = 2
 class HaarDecay:
     """Hölder-type exponent of an array from the decay of its bi-Haar coefficients (docs/method.md §7.7).
 
-    For one (N, M) array the scalars are Python numbers and the per-group arrays have shape
-    (G,); for a batch of shape (..., N, M) they have shape (...) and (..., G).
+    What `haar_decay` returns. For one (N, M) array the scalars are Python numbers and the
+    per-group arrays have shape (G,), G the number of (family, level) groups; for a batch of
+    shape (..., N, M) they have shape (...) and (..., G).
 
-    alpha : the exponent, fitted slope - 1/2; NaN when too few groups are left to fit.
-    r2 : share of the within-family variance of log2_magnitude explained by the common slope.
-    rms : root mean square deviation of the fitted points from the fit, in log2 units.
-    n_fitted : the number of (family, level) groups fitted.
-    family : int (G,), index into `FAMILIES` of each group; level : int (G,), its total level
-    (row level + column level of its basis functions, the constants at level 0).
-    log2_size : mean log2 |R| of the counted coefficients of each group, |R| the fraction of
-    entries of their rectangle (NaN where none is counted); log2_magnitude : log2 of the
-    group's summary of |coefficient| (its maximum or `quantile`; -inf where it is 0, NaN where
-    none is counted); count : the coefficients counted; fitted : whether the group was fitted.
-    quantile : the summary used (1.0: the maximum).
+    Attributes
+    ----------
+    alpha : float or ndarray of shape (...)
+        The exponent, fitted slope - 1/2; NaN when too few groups are left to fit.
+    r2 : float or ndarray of shape (...)
+        Share of the within-family variance of log2_magnitude explained by the common slope.
+    rms : float or ndarray of shape (...)
+        Root mean square deviation of the fitted points from the fit, in log2 units.
+    n_fitted : int or ndarray of shape (...)
+        The number of (family, level) groups fitted.
+    family : ndarray of shape (G,)
+        int, index into `FAMILIES` of each group.
+    level : ndarray of shape (G,)
+        int, each group's total level (row level + column level of its basis functions, the
+        constants at level 0).
+    log2_size : ndarray of shape (..., G)
+        Mean log2 |R| of the counted coefficients of each group, |R| the fraction of entries of
+        their rectangle (NaN where none is counted).
+    log2_magnitude : ndarray of shape (..., G)
+        log2 of the group's summary of |coefficient| (its maximum or `quantile`; -inf where it
+        is 0, NaN where none is counted).
+    count : ndarray of shape (..., G)
+        int64, the coefficients counted.
+    fitted : ndarray of shape (..., G)
+        bool, whether the group was fitted.
+    quantile : float
+        The summary used (1.0: the maximum).
     """
 
     alpha: float | np.ndarray
@@ -82,14 +98,28 @@ class HaarDecay:
 
 @dataclass(frozen=True, eq=False)
 class Corollary1:
-    """An approximation of softmax(organized head) with A' = A'' = 1 (docs/method.md §7.7): the
-    paper's Corollary 1 (`corollary1`) or its Taylor variant (`taylor_corollary1`).
+    """An approximation of softmax(organized head) with A' = A'' = 1 (docs/method.md §7.7).
 
-    organized: f[row_order][:, col_order]; exact: its (masked) row softmax; approximation:
-    the approximation of the softmax, row-normalised by the exact row sums as the
-    paraproduct's is; residual = exact - approximation; relative_residual =
-    ||residual||_F / ||exact||_F; mean: the mean of f over all entries, the point where
-    A' = A'' = exp(0) = 1 is taken; row_order, col_order: the permutations used.
+    The paper's Corollary 1 (`corollary1`) or its Taylor variant (`taylor_corollary1`). Arrays
+    numpy or torch like the head given.
+
+    Attributes
+    ----------
+    organized : ndarray or torch.Tensor of shape (N, M)
+        ``f[row_order][:, col_order]``.
+    exact : ndarray or torch.Tensor of shape (N, M)
+        Its (masked) row softmax.
+    approximation : ndarray or torch.Tensor of shape (N, M)
+        The approximation of the softmax, row-normalised by the exact row sums as the
+        paraproduct's is.
+    residual : ndarray or torch.Tensor of shape (N, M)
+        exact - approximation.
+    relative_residual : float
+        ||residual||_F / ||exact||_F.
+    mean : float
+        The mean of f over all entries, the point where A' = A'' = exp(0) = 1 is taken.
+    row_order, col_order : ndarray of int64, shape (N,) and (M,)
+        The permutations used.
     """
 
     organized: np.ndarray | torch.Tensor
@@ -106,13 +136,26 @@ class Corollary1:
 class ResidualSmoothness:
     """Theorem 1's measures of one head (docs/method.md §7.7).
 
-    measures: every `THEOREM1_MEASURES` name and its value. alpha_scores, alpha_softmax,
-    alpha_residual: `haar_decay` exponents of the scores, of the exact softmax and of the
-    paraproduct's residual, all in the organized order (NaN for the residual where the
-    paraproduct is beyond float64); residual: the paraproduct's relative residual;
-    corollary1_residual: that of the paper's Corollary 1; uniform_residual: that of uniform
-    attention; scores_decay, softmax_decay, residual_decay: the `HaarDecay` results behind the
-    exponents; note: "" or which approximations float64 cannot hold (their residuals +inf).
+    What `residual_smoothness` returns.
+
+    Attributes
+    ----------
+    measures : dict
+        Every `THEOREM1_MEASURES` name and its value (float).
+    alpha_scores, alpha_softmax, alpha_residual : float
+        `haar_decay` exponents of the scores, of the exact softmax and of the paraproduct's
+        residual, all in the organized order (NaN for the residual where the paraproduct is
+        beyond float64).
+    residual : float
+        The paraproduct's relative residual.
+    corollary1_residual : float
+        That of the paper's Corollary 1.
+    uniform_residual : float
+        That of uniform attention.
+    scores_decay, softmax_decay, residual_decay : HaarDecay
+        The `haar_decay` results behind the exponents.
+    note : str
+        "" or which approximations float64 cannot hold (their residuals +inf).
     """
 
     measures: dict
@@ -244,8 +287,7 @@ def _fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, family: np.ndarray):
 
 def haar_decay(x, row_order=None, col_order=None, allowed=None, quantile: float = 1.0,
                min_count: int = 4) -> HaarDecay:
-    """Hölder-type exponent of an array from the decay of its bi-Haar coefficients across
-    scales (docs/method.md §7.7).
+    """Hölder-type exponent of an array from the decay of its bi-Haar coefficients (docs/method.md §7.7).
 
     The array, its rows taken in `row_order` and its columns in `col_order` (None: as given),
     is expanded in the bi-Haar basis of the balanced binary trees (docs/method.md §2.5, §3) of
@@ -265,12 +307,31 @@ def haar_decay(x, row_order=None, col_order=None, allowed=None, quantile: float 
     moment, so a smooth array saturates at alpha = 1; white noise gives about -1/2 (a little
     below with the maximum, which grows with the number of coefficients).
 
-    x : float array or tensor of shape (N, M) or a batch (..., N, M), computed in float64 on
-    its device, every array of the batch at once. row_order : int (N,), col_order : int (M,)
-    permutations. allowed : bool (N, M) or the shape of x, in x's own order, or None: only
-    the coefficients whose rectangle lies inside the allowed entries are counted (masked
-    heads, docs/method.md §7.7). quantile : in (0, 1]. min_count : a positive integer.
-    Returns a `HaarDecay`.
+    Parameters
+    ----------
+    x : ndarray or torch.Tensor of shape (N, M) or (..., N, M)
+        One array or a batch, float, computed in float64 on its device, every array of the
+        batch at once.
+    row_order, col_order : array_like of int, shape (N,) and (M,), optional
+        Permutations of the rows and the columns (None: as given).
+    allowed : array_like of bool, shape (N, M) or the shape of x, optional
+        In x's own order: only the coefficients whose rectangle lies inside the allowed entries
+        are counted (masked heads, docs/method.md §7.7). None: every coefficient.
+    quantile : float, default 1.0
+        The summary of each group, in (0, 1]; 1.0 the maximum.
+    min_count : int, default 4
+        The fewest counted coefficients of a group fitted, positive.
+
+    Returns
+    -------
+    HaarDecay
+        The exponent and the groups behind it, of the array or of each array of the batch.
+
+    Raises
+    ------
+    ValueError
+        If x has fewer than 2 dimensions or an axis of length 0 or contains NaN or inf, or an
+        argument is not valid.
     """
     t, _ = as_tensor(x, "x", dtype=torch.float64)
     if t.ndim < 2:
@@ -375,8 +436,7 @@ def _corollary(which: str, f, row_order, col_order, allowed) -> Corollary1:
 
 
 def corollary1(f, row_order=None, col_order=None, allowed=None) -> Corollary1:
-    """The paper's Corollary 1 (eq. 18) as stated: softmax(f) approximated with A' = A'' = 1
-    (docs/method.md §7.7).
+    """The paper's Corollary 1 (eq. 18) as stated: softmax(f) with A' = A'' = 1 (docs/method.md §7.7).
 
     The proof takes A'(E f) = A''(E f) = e^0 = 1 as mu(f) -> 0. Softmax is unchanged by a constant
     added to f, so f is taken about its mean mu (over all entries) and
@@ -414,29 +474,49 @@ def corollary1(f, row_order=None, col_order=None, allowed=None) -> Corollary1:
 
 
 def taylor_corollary1(f, row_order=None, col_order=None, allowed=None) -> Corollary1:
-    """Corollary 1's Taylor variant: the paraproduct of docs/method.md §7.3 with every factor
-    exp(E f) replaced by exp(0) = 1 about the mean mu, g_{0,0} and the one-dimensional terms kept
-    (docs/method.md §7.7).
+    """Corollary 1's Taylor variant, the first-order Taylor polynomial plus cross terms (docs/method.md §7.7).
 
-    The one-dimensional differences and the D terms then telescope to f - mu, so
+    The paraproduct of docs/method.md §7.3 with every factor exp(E f) replaced by exp(0) = 1
+    about the mean mu, g_{0,0} and the one-dimensional terms kept. The one-dimensional
+    differences and the D terms then telescope to f - mu, so
 
         exp(f - mu) ~ 1 + (f - mu) + sum_{j,j'} Dx_{j,j'} f * Dy_{j,j'} f,
 
     the first-order Taylor polynomial of exp about the mean plus the paraproduct's cross terms;
     times exp(mu) it approximates exp(f), divided by the exact row sums Z_i (docs/method.md §7.5).
     Its error is O(|f - mu|^2): good for heads of small amplitude, poor for large ones. A named
-    variant beside the paper's formula (`corollary1`). Parameters, returns and raises as
-    `corollary1`.
+    variant beside the paper's formula (`corollary1`).
+
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        Rows = queries; computed in float64 on its device.
+    row_order, col_order : int array of shape (N,) and (M,), optional
+        The permutations organizing the axes (None: f is organized).
+    allowed : bool array of shape (N, M), optional
+        The mask in f's own order, as `corollary1`'s.
+
+    Returns
+    -------
+    Corollary1
+        Arrays numpy or torch like f.
+
+    Raises
+    ------
+    ValueError
+        Naming f when the approximation is not representable in float64, or naming a bad
+        argument.
     """
     return _corollary("taylor", f, row_order, col_order, allowed)
 
 
 def residual_smoothness(f, row_order=None, col_order=None, allowed=None, quantile: float = 1.0,
                         min_count: int = 4) -> ResidualSmoothness:
-    """Theorem 1's measures of one head (`THEOREM1_MEASURES`, docs/method.md §7.7): every relative
-    residual of `paraproduct.approximations` and uniform attention's, and the `haar_decay` exponents
-    of its scores, its exact softmax and its paraproduct's residual in the organized order, the
-    three in one batched call.
+    """Theorem 1's measures of one head (`THEOREM1_MEASURES`, docs/method.md §7.7).
+
+    Every relative residual of `paraproduct.approximations` and uniform attention's, and the
+    `haar_decay` exponents of its scores, its exact softmax and its paraproduct's residual in
+    the organized order, the three in one batched call.
 
     Masked heads: the softmax and the residual are 0 at masked entries, which are not values of
     the head, so only the Haar coefficients on rectangles inside the allowed entries are fitted
@@ -448,14 +528,19 @@ def residual_smoothness(f, row_order=None, col_order=None, allowed=None, quantil
     ----------
     f : array or Tensor of shape (N, M)
         Pre-softmax scores, rows = queries.
-    row_order, col_order, allowed :
+    row_order, col_order : int array of shape (N,) and (M,), optional
         As for `paraproduct.paraproduct`.
-    quantile, min_count :
+    allowed : bool array of shape (N, M), optional
+        As for `paraproduct.paraproduct`.
+    quantile : float, default 1.0
+        As for `haar_decay`.
+    min_count : int, default 4
         As for `haar_decay`.
 
     Returns
     -------
     ResidualSmoothness
+        The measures, and the `HaarDecay` results behind the exponents.
 
     Raises
     ------
@@ -498,8 +583,24 @@ def residual_smoothness(f, row_order=None, col_order=None, allowed=None, quantil
 
 
 def theorem1_measures(f, row_order=None, col_order=None, allowed=None) -> tuple[np.ndarray, str]:
-    """`THEOREM1_MEASURES` of one head (`residual_smoothness`'s arguments) as a float64 array of
-    that length, and "" or the note on the approximations beyond float64 (their residuals +inf,
-    alpha_residual NaN with the paraproduct; docs/method.md §7.4)."""
+    """`THEOREM1_MEASURES` of one head, as an array, and the note on float64's range (docs/method.md §7.4).
+
+    Parameters
+    ----------
+    f : array or Tensor of shape (N, M)
+        Pre-softmax scores, rows = queries.
+    row_order, col_order : int array of shape (N,) and (M,), optional
+        As for `residual_smoothness`.
+    allowed : bool array of shape (N, M), optional
+        As for `residual_smoothness`.
+
+    Returns
+    -------
+    measures : ndarray of shape (len(THEOREM1_MEASURES),)
+        float64, in `THEOREM1_MEASURES` order.
+    note : str
+        "" or the note on the approximations beyond float64 (their residuals +inf,
+        alpha_residual NaN with the paraproduct).
+    """
     m = residual_smoothness(f, row_order, col_order, allowed)
     return np.array([m.measures[k] for k in THEOREM1_MEASURES], dtype=np.float64), m.note

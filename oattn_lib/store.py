@@ -36,7 +36,20 @@ class StoreError(RuntimeError):
 
 
 def atomic_path(path: str | os.PathLike) -> Path:
-    """A fresh temporary sibling of `path` (same directory, so a rename is atomic)."""
+    """A fresh temporary sibling of `path` (same directory, so a rename is atomic).
+
+    Its directory is created where missing.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The output the temporary stands in for.
+
+    Returns
+    -------
+    Path
+        ``.<name>.tmp-<random>`` beside `path`; nothing is created there.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -91,14 +104,26 @@ def _discard(tmp: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike):
-    """Yield a temporary sibling of `path` to write (a file or a directory); on success it is
-    renamed over `path`, on any failure it is removed, so `path` only ever holds a complete
-    output. The one atomic-write mechanism of the project: stores, npz, json, text, PNG and
-    checkpoints all go through it.
+    """A context manager giving a temporary sibling of `path` to write, renamed over `path` on success.
+
+    On any failure the temporary is removed, so `path` only ever holds a complete output; the
+    temporaries a killed writer left are removed first (docs/method.md §12). The one
+    atomic-write mechanism of the project: stores, npz, json, text, PNG and checkpoints all go
+    through it.
 
     The environment variable OATTN_FAULT_PAUSE_WRITE (seconds) pauses between writing the
     temporary and renaming it: a window for fault-injection tests to kill a job in the
     middle of a write.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The output: a file or a directory.
+
+    Yields
+    ------
+    Path
+        The temporary to write (`atomic_path`), a file or a directory.
     """
     path = Path(path)
     _remove_stale_temporaries(path)
@@ -115,14 +140,40 @@ def atomic_output(path: str | os.PathLike):
 
 
 def store_path(path: str | os.PathLike) -> Path:
-    """The store directory of `path`: the workflow names a store by its root `zarr.json`
-    (a file output, so that Snakemake puts no timestamp marker inside the store)."""
+    """The store directory of `path`, which is the directory or its root `zarr.json`.
+
+    The workflow names a store by its root `zarr.json` (a file output, so that Snakemake puts
+    no timestamp marker inside the store).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        A store directory, or its `zarr.json`.
+
+    Returns
+    -------
+    Path
+        The store directory.
+    """
     path = Path(path)
     return path.parent if path.name == "zarr.json" else path
 
 
 def write_store(ds: xr.Dataset, path: str | os.PathLike) -> Path:
-    """Write `ds` as a zarr store at `path` (the store directory or its zarr.json), atomically."""
+    """Write `ds` as a zarr store at `path`, atomically (`atomic_output`).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The labelled arrays and their attributes (`provenance_attrs`).
+    path : str or PathLike
+        The store directory or its zarr.json; a store already there is replaced.
+
+    Returns
+    -------
+    Path
+        The store directory.
+    """
     path = store_path(path)
     with atomic_output(path) as tmp:
         ds.to_zarr(tmp, mode="w", consolidated=False)
@@ -133,11 +184,32 @@ def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: t
                variables: tuple[str, ...] | None = None, lazy: bool = False) -> xr.Dataset:
     """Open a zarr store and load it; errors name the store and the variable at fault.
 
-    `require` lists variables that must be present; `finite` those that must hold no
-    NaN or inf. `variables`: load only these data variables (and every coordinate), the
-    others are left out: an attention store of 270 heads at 1024 tokens holds 2.3 GB of
-    scores and as much of probs. `lazy`: load nothing (the `finite` check is then not made);
-    selecting one head reads that head's chunks only.
+    Parameters
+    ----------
+    path : str or PathLike
+        The store directory or its zarr.json.
+    require : tuple of str, default ()
+        Variables that must be present.
+    finite : tuple of str, default ()
+        Variables that must hold no NaN or inf.
+    variables : tuple of str, optional
+        Load only these data variables (and every coordinate, and those of `require` and
+        `finite`); the others are left out: an attention store of a long sample of a real
+        model holds gigabytes of scores and as much of probs. None: every variable.
+    lazy : bool, default False
+        Load nothing (the `finite` check is then not made); selecting one head reads that
+        head's chunks only.
+
+    Returns
+    -------
+    xarray.Dataset
+        The store's variables with their dims and coords, loaded into memory unless `lazy`.
+
+    Raises
+    ------
+    StoreError
+        If the store does not exist or cannot be opened, a required variable is missing, a
+        variable cannot be read or a `finite` one holds NaN or inf.
     """
     path = store_path(path)
     if not path.exists():
@@ -166,9 +238,32 @@ def read_store(path: str | os.PathLike, require: tuple[str, ...] = (), finite: t
 
 
 def load_variable(ds: xr.Dataset, name: str, path, finite: bool = False) -> np.ndarray:
-    """One variable of a lazily opened store (`read_store(..., lazy=True)`) as a numpy array,
-    with `read_store`'s errors: unreadable chunks, and with `finite` NaN or inf, name the store
-    and the variable."""
+    """One variable of a lazily opened store (`read_store(..., lazy=True)`) as a numpy array.
+
+    With `read_store`'s errors: unreadable chunks, and with `finite` NaN or inf, name the store
+    and the variable.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The store, opened by `read_store(path, lazy=True)`.
+    name : str
+        The variable.
+    path : str or PathLike
+        The store's path, for the errors.
+    finite : bool, default False
+        Require the values to hold no NaN or inf.
+
+    Returns
+    -------
+    ndarray
+        The variable's values, of its dims' shape.
+
+    Raises
+    ------
+    StoreError
+        If a chunk cannot be read, or (`finite`) a value is NaN or inf.
+    """
     try:
         values = np.asarray(ds[name].values)
     except Exception as exc:
@@ -190,10 +285,12 @@ def _require_finite(path: Path, name: str, values: np.ndarray) -> None:
 
 
 def git_commit(root: str | os.PathLike) -> str | None:
-    """The git commit checked out in the work tree whose top directory is `root`: "<sha>", with
-    "-dirty" where tracked files have uncommitted changes; None where `root` is not the top of a
-    work tree, git is missing or fails. One `git status` that writes nothing (not even the
-    index's refreshed stat data, so it never contends with a git command running there).
+    """The git commit checked out in the work tree whose top directory is `root`.
+
+    "<sha>", with "-dirty" where tracked files have uncommitted changes; None where `root` is
+    not the top of a work tree, git is missing or fails. One `git status` that writes nothing
+    (not even the index's refreshed stat data, so it never contends with a git command running
+    there).
 
     Parameters
     ----------
@@ -226,8 +323,9 @@ def git_commit(root: str | os.PathLike) -> str | None:
 
 @functools.cache
 def code_commit() -> str | None:
-    """The git commit of the library's code (`git_commit` of the directory holding `oattn_lib`,
-    where that is a clone's top directory), computed once per process (docs/method.md §12.3).
+    """The git commit of the library's code, computed once per process (docs/method.md §12.3).
+
+    `git_commit` of the directory holding `oattn_lib`, where that is a clone's top directory.
 
     Never the commit of the current directory, which may be a user's own repository using the
     workflow as a module; None for an installed wheel, without git, or where git fails.
@@ -241,8 +339,10 @@ def code_commit() -> str | None:
 
 
 def software_attrs() -> dict:
-    """What software produced an artifact: `oattn_version` (`oattn_lib.__version__`) and, where the
-    library is a git work tree, `oattn_commit` (`code_commit`).
+    """What software produced an artifact: the library's version and commit.
+
+    `oattn_version` (`oattn_lib.__version__`) and, where the library is a git work tree,
+    `oattn_commit` (`code_commit`).
 
     Returns
     -------
@@ -284,6 +384,18 @@ def provenance_attrs(config_slice: dict, checkpoint_hash: str | None = None, cod
 
 
 def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read a block at a time (a checkpoint's, docs/method.md §12.3).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The file.
+
+    Returns
+    -------
+    str
+        The digest, 64 hexadecimal digits.
+    """
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -292,27 +404,69 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write a text file atomically."""
+    """Write a text file atomically (`atomic_output`).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The file.
+    text : str
+        Its contents.
+
+    Returns
+    -------
+    Path
+        `path`.
+    """
     with atomic_output(path) as tmp:
         tmp.write_text(text)
     return Path(path)
 
 
 def atomic_write_parquet(df, path: str | os.PathLike) -> Path:
-    """Write a pandas DataFrame as a parquet file atomically (pyarrow, without its index)."""
+    """Write a pandas DataFrame as a parquet file atomically (pyarrow, without its index).
+
+    Parameters
+    ----------
+    df : pandas.DataFrame
+        The table.
+    path : str or PathLike
+        The file.
+
+    Returns
+    -------
+    Path
+        `path`.
+    """
     with atomic_output(path) as tmp:
         df.to_parquet(tmp, index=False, engine="pyarrow")
     return Path(path)
 
 
 def save_npz(path: str | os.PathLike, **arrays) -> None:
-    """Write arrays to an .npz file atomically (read back with `load_npz`, no pickles)."""
+    """Write arrays to an .npz file atomically (read back with `load_npz`, no pickles).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The file.
+    **arrays
+        The arrays, by name (array_like, of any shape).
+    """
     with atomic_output(path) as tmp, open(tmp, "wb") as f:
         np.savez(f, **arrays)
 
 
 def save_json(path: str | os.PathLike, obj) -> None:
-    """Write `obj` as indented, key-sorted JSON atomically (numpy scalars and arrays allowed)."""
+    """Write `obj` as indented, key-sorted JSON atomically (numpy scalars and arrays allowed).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The file.
+    obj : object
+        Anything JSON holds; numpy scalars become numbers, arrays lists, anything else its str.
+    """
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default))
 
 
@@ -327,7 +481,23 @@ def _json_default(o):
 
 
 def load_npz(path: str | os.PathLike) -> dict:
-    """The arrays of an .npz file written by `save_npz`; errors name the file."""
+    """The arrays of an .npz file written by `save_npz`; errors name the file.
+
+    Parameters
+    ----------
+    path : str or PathLike
+        The file.
+
+    Returns
+    -------
+    dict
+        The arrays (ndarray) by name, loaded into memory.
+
+    Raises
+    ------
+    StoreError
+        If the file cannot be read (missing, truncated, or holding pickles).
+    """
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}

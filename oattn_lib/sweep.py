@@ -1,10 +1,10 @@
 """Sweeps through a partition tree: folder means and Haar coefficients, split by split.
 
 The fast transforms behind the Haar expansions (docs/method.md §3.4) and the tree-EMD
-features (docs/method.md §4.2). A folder with m children, sorted by size descending (ties by smallest item), is the chain
-of m - 1 binary splits "child i | children i+1..m" of its Haar vectors, so a tree on n
-items is a binary tree of n - 1 splits (a folder with one child adds none). The mean of
-a split is the size-weighted mean of its two parts, and the Haar coefficient of a split
+features (docs/method.md §4.2). A folder with m children, sorted by size descending (ties by
+smallest item), is the chain of m - 1 binary splits "child i | children i+1..m" of its Haar
+vectors, so a tree on n items is a binary tree of n - 1 splits (a folder with one child adds
+none). The mean of a split is the size-weighted mean of its two parts, and the Haar coefficient of a split
 v with parts L and R is sqrt(|L| |R| / |v|) (mean(L) - mean(R)). One sweep from the
 leaves up gives every folder mean and every coefficient in O(n) per vector (a dense
 basis product is O(n^2)); the inverse sweeps down.
@@ -41,15 +41,31 @@ _GROUP = 64
 
 @dataclass(frozen=True, eq=False)
 class Splits:
-    """The binary splits of a tree (module docstring).
+    """The binary splits of a tree (module docstring), as `splits` builds them.
 
     Nodes 0..n-1 are the items, node n + s is split s; splits are numbered by height, so
-    each comes after its parts. `left`/`right` are the parts of each split (left: the
-    child on the positive side of its Haar vector), `height` its height, `size` the
-    number of items under every node, `parent` the split above every node (-1 at the
-    root), `column` the Haar basis column of each split (docs/method.md §3.3 order; column 0 is the
-    constant), `folder_node` the node of each distinct folder in `PartitionTree.folders`
-    order.
+    each comes after its parts. The arrays are int64.
+
+    Attributes
+    ----------
+    n : int
+        Number of items of the tree.
+    left, right : ndarray of shape (n - 1,)
+        The parts (nodes) of each split; left: the child on the positive side of its Haar
+        vector.
+    height : ndarray of shape (n - 1,)
+        The height of each split, ascending.
+    size : ndarray of shape (2n - 1,)
+        The number of items under every node.
+    parent : ndarray of shape (2n - 1,)
+        The split above every node (-1 at the root).
+    column : ndarray of shape (n - 1,)
+        The Haar basis column of each split (docs/method.md §3.3 order; column 0 is the
+        constant).
+    folder_node : ndarray of shape (n_folders,)
+        The node of each distinct folder, in `PartitionTree.folders` order.
+    root : int
+        The node of the root.
     """
 
     n: int
@@ -67,8 +83,17 @@ class Splits:
 def splits(tree: PartitionTree) -> Splits:
     """The binary splits of `tree`, built from the leaves up (cached per tree).
 
-    The arrays of the result are read-only int64: `left`, `right`, `height`, `column`
-    (n - 1,); `size`, `parent` (2n - 1,); `folder_node` (F,).
+    Parameters
+    ----------
+    tree : PartitionTree
+        The tree, on n items.
+
+    Returns
+    -------
+    Splits
+        Its splits; the arrays are read-only int64: `left`, `right`, `height`, `column` of
+        shape (n - 1,); `size`, `parent` of shape (2n - 1,); `folder_node` of shape
+        (n_folders,).
     """
     n, lab = tree.n, tree.labels
     node = np.empty(n, dtype=np.int64)
@@ -142,8 +167,23 @@ class Program:
 
     Local nodes 0..len(load)-1 are the rows `load` of the source; local node
     len(load) + k is split k, the weighted mean `wl[k] * left + wr[k] * right` of two
-    earlier local nodes; `steps` bounds the splits of each height. The output rows are
-    `weight[e]` times the mean of local node `emit[e]`.
+    earlier local nodes. The output rows are `weight[e]` times the mean of local node
+    `emit[e]`.
+
+    Attributes
+    ----------
+    load : ndarray of shape (n_load,)
+        The rows of the source read, int64.
+    left, right : ndarray of shape (n_split,)
+        The two local nodes each split averages, int64.
+    wl, wr : ndarray of shape (n_split,)
+        Their weights (the parts' shares of the split's items), float64.
+    steps : ndarray of shape (n_heights + 1,)
+        Bounds of the runs of splits of each height, int64.
+    emit : ndarray of shape (n_emit,)
+        The local nodes whose means are output, in output order, int64.
+    weight : ndarray of shape (n_emit,)
+        The factor of each output row, float64.
     """
 
     load: np.ndarray
@@ -188,7 +228,22 @@ def _steps(height: np.ndarray) -> np.ndarray:
 
 
 def whole_program(sp: Splits, emit_nodes, weight) -> Program:
-    """Load all n items (row i = item i), evaluate every split, emit the given nodes."""
+    """Load all n items (row i = item i), evaluate every split, emit the given nodes.
+
+    Parameters
+    ----------
+    sp : Splits
+        The splits of the tree (`splits`).
+    emit_nodes : array_like of int, shape (n_emit,)
+        The nodes whose means are output, in output order.
+    weight : array_like of float, shape (n_emit,)
+        The factor of each output row.
+
+    Returns
+    -------
+    Program
+        The program, for `run_program`.
+    """
     items = np.arange(sp.n)
     return _program(sp, items, items, np.arange(sp.n, 2 * sp.n - 1), np.asarray(emit_nodes), weight)
 
@@ -199,10 +254,29 @@ def chunk_programs(sp: Splits, emit_nodes, weight, max_items: int) -> tuple[list
     The tree is cut below its splits of more than `max_items` items; the subtrees under
     the cut are grouped into chunks. Chunk program c loads its items (rows = item
     indices), emits its share of `emit_nodes` (times `weight`) and then, unweighted, the
-    means of its subtree roots. Returns (chunk programs, number of emitted nodes of each
-    before its roots, top programs); the top programs read the roots of all chunks (rows
-    in chunk order) and emit the rest, at most 2 * max_items nodes each, evaluating only
-    the splits under their nodes (none if the whole tree is one chunk).
+    means of its subtree roots.
+
+    Parameters
+    ----------
+    sp : Splits
+        The splits of the tree (`splits`).
+    emit_nodes : array_like of int, shape (n_emit,)
+        The nodes whose means are output.
+    weight : array_like of float, shape (n_emit,)
+        The factor of each node's mean.
+    max_items : int
+        About how many items one chunk holds, positive.
+
+    Returns
+    -------
+    chunks : list of Program
+        One program per chunk.
+    n_emit : list of int
+        The number of nodes of `emit_nodes` each chunk program emits, before its roots.
+    tops : list of Program
+        Programs that read the roots of all chunks (rows in chunk order) and emit the rest,
+        at most 2 * max_items nodes each, evaluating only the splits under their nodes
+        (none if the whole tree is one chunk).
     """
     n, size, parent = sp.n, sp.size, sp.parent
     emit_nodes, weight = np.asarray(emit_nodes, dtype=np.int64), np.asarray(weight, dtype=np.float64)
@@ -264,9 +338,24 @@ def chunk_programs(sp: Splits, emit_nodes, weight, max_items: int) -> tuple[list
 def fetch_add(typingctx, counter, index):  # pragma: no cover - compiled
     """In numba code: atomically counter[index] += 1, returning the old value.
 
-    `counter` is an int64 array. The kernels hand out their tasks with it, one at a time
-    to whichever thread is free: on a shared machine a thread can be descheduled for a
-    while, and with a fixed share per thread every other one would wait for it.
+    The kernels hand out their tasks with it, one at a time to whichever thread is free: on
+    a shared machine a thread can be descheduled for a while, and with a fixed share per
+    thread every other one would wait for it. Called from numba code as
+    ``fetch_add(counter, index)``; `typingctx` is numba's.
+
+    Parameters
+    ----------
+    typingctx : numba typing context
+        Passed by numba.
+    counter : ndarray of int64
+        The counters.
+    index : int
+        Which counter.
+
+    Returns
+    -------
+    int
+        In numba code: the counter's value before the increment (int64).
     """
     if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and isinstance(index, types.Integer)):
         return None
@@ -358,7 +447,7 @@ def _means_kernel(src, bmap, load, left, right, wl, wr, emit, weight, out, trans
     n_b, r = bmap.size, src.shape[2]
     n_load, n_split, n_emit = load.size, left.size, emit.size
     counter = np.zeros(1, np.int64)
-    if r == 1:  # vectors along the contiguous axis: one at a time, in L1 (twice as fast)
+    if r == 1:  # vectors along the contiguous axis: one at a time, in L1
         n_groups = (n_b + _GROUP - 1) // _GROUP
         for worker in numba.prange(max(1, min(n_workers, n_groups))):
             v = np.empty(n_load + n_split, dtype=src.dtype)
@@ -477,8 +566,23 @@ def _numba_ok(x: torch.Tensor) -> bool:
 
 
 def empty(shape, like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor like `like`; on CPU allocated by numpy, which asks the kernel
-    for transparent huge pages (torch does not): far fewer TLB misses in the sweeps."""
+    """An uninitialised tensor of the dtype and device of `like`.
+
+    On CPU allocated by numpy, which asks the kernel for transparent huge pages (torch does
+    not): far fewer TLB misses in the sweeps.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Its shape.
+    like : torch.Tensor
+        The tensor whose dtype and device it takes.
+
+    Returns
+    -------
+    torch.Tensor of shape `shape`
+        Uninitialised.
+    """
     if like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64):
         return torch.from_numpy(np.empty(tuple(shape), dtype=np.float32 if like.dtype == torch.float32 else np.float64))
     return like.new_empty(tuple(shape))
@@ -490,9 +594,30 @@ def run_program(src: torch.Tensor, prog: Program, dim: int, out: torch.Tensor | 
 
     With src viewed as (B, n, r) (the axes before `dim`, `dim`, the axes after it), the
     vectors src[b, :, j] for b in `rows` (default all B) give out[b, e, j] = mean of
-    emitted node e, out of shape (len(rows), len(prog.emit), r), or (r, len(rows),
-    len(prog.emit)) if `transposed`. `out` (contiguous, that shape) receives it: reused
-    memory is cheaper than fresh pages, which cost more than the sweep that fills them.
+    emitted node e.
+
+    Parameters
+    ----------
+    src : torch.Tensor
+        Contiguous, float; viewed as (B, n, r) around axis `dim`.
+    prog : Program
+        What to evaluate (`whole_program`, `chunk_programs`); its `load` indexes axis `dim`.
+    dim : int
+        The axis of the vectors.
+    out : torch.Tensor, optional
+        Contiguous, of the result's shape: it receives the result (reused memory is cheaper
+        than fresh pages, which cost more than the sweep that fills them). A new tensor if
+        None.
+    rows : ndarray of int, shape (n_rows,), optional
+        The vectors b taken (all B if None).
+    transposed : bool, default False
+        Write out[j, b, e] instead.
+
+    Returns
+    -------
+    torch.Tensor of shape (n_rows, n_emit, r), or (r, n_rows, n_emit) if `transposed`
+        The means (`out`), n_emit = len(prog.emit); with all rows and not transposed, src's
+        shape with axis `dim` of length n_emit. src's dtype and device.
     """
     src3 = _as3(src, dim)
     n_b = src3.shape[0] if rows is None else len(rows)
@@ -536,10 +661,31 @@ def haar_sweep(x: torch.Tensor, tree: PartitionTree, dim: int, inverse: bool = F
     """Haar coefficients of every vector along axis `dim` of contiguous `x` (or the inverse).
 
     Row j of the result along `dim` is the coefficient of basis column j of
-    `haar_basis(tree)`; `out` (contiguous, same shape) receives it and may be `x` itself.
+    `haar_basis(tree)` (docs/method.md §3.4).
 
-    x : float tensor of any shape with x.shape[dim] == tree.n; the result has its shape,
-    dtype and device.
+    Parameters
+    ----------
+    x : torch.Tensor
+        Contiguous, float, of any shape with x.shape[dim] == tree.n.
+    tree : PartitionTree
+        The tree on the items of axis `dim`.
+    dim : int
+        The axis swept.
+    inverse : bool, default False
+        The inverse sweep: x holds coefficients, the result the vectors.
+    out : torch.Tensor, optional
+        Contiguous, of x's shape: receives the result and may be `x` itself. A new tensor if
+        None.
+
+    Returns
+    -------
+    torch.Tensor
+        The coefficients (or vectors), of x's shape, dtype and device.
+
+    Raises
+    ------
+    ValueError
+        If axis `dim` of x is not the tree's length, or `out` is not of x's shape.
     """
     sp = splits(tree)
     n = sp.n

@@ -34,6 +34,23 @@ def temperature_grid(n: int, low: float = 0.1, high: float = 10.0) -> np.ndarray
     """n logit temperatures log-spaced over [low, high], with tau = 1 (the model) always among them.
 
     An odd n on the default range puts 1 in the middle; otherwise 1 is added (n + 1 values).
+
+    Parameters
+    ----------
+    n : int
+        The number of log-spaced temperatures, at least 2.
+    low, high : float, default 0.1 and 10.0
+        The range, 0 < low <= 1 <= high.
+
+    Returns
+    -------
+    ndarray of shape (n,) or (n + 1,)
+        float64, increasing, one of them exactly 1.
+
+    Raises
+    ------
+    ValueError
+        If `n` is not an integer >= 2, or the range does not hold 1.
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
         raise ValueError(f"n: expected an integer >= 2, got {n!r}")
@@ -48,11 +65,26 @@ def temperature_grid(n: int, low: float = 0.1, high: float = 10.0) -> np.ndarray
 def attention_mask(probs) -> np.ndarray:
     """The model's mask, read from its own output: True where attention is forbidden.
 
-    `probs` is (head, query, key): the post-softmax probabilities of every head of one
-    layer, as the model computed them (masked entries exactly 0). A position is masked
-    where every head of the layer gives it probability 0: a causal or padding mask is
-    shared by the heads of a layer, and an allowed position whose probability underflows
-    to 0 in every head at once would need logits about 100 below each head's row maximum.
+    A position is masked where every head of the layer gives it probability 0: a causal or
+    padding mask is shared by the heads of a layer, and an allowed position whose probability
+    underflows to 0 in every head at once would need logits about 100 below each head's row
+    maximum.
+
+    Parameters
+    ----------
+    probs : array_like of shape (n_head, n_query, n_key)
+        The post-softmax probabilities of every head of one layer, as the model computed them
+        (masked entries exactly 0).
+
+    Returns
+    -------
+    ndarray of shape (n_query, n_key)
+        bool, True where attention is forbidden.
+
+    Raises
+    ------
+    ValueError
+        If `probs` is not 3-D.
     """
     p = np.asarray(probs)
     if p.ndim != 3:
@@ -63,11 +95,28 @@ def attention_mask(probs) -> np.ndarray:
 def relative_residual(logits, row_order=None, col_order=None, allowed=None) -> float:
     """||softmax - paraproduct approximation||_F / ||softmax||_F of one head (docs/method.md §7.6).
 
-    `logits` (N, M) in the model's order, float64; `row_order`, `col_order` the orders
-    the paraproduct organizes them by (None: as given); `allowed` (N, M) bool, False where
-    the model masks attention (None: no mask). With a mask, the reference is the masked
-    softmax (module docstring); rows with no allowed entry are left out. Raises
-    ValueError when the result is not finite (`paraproduct` cannot represent it).
+    With a mask, the reference is the masked softmax (module docstring); rows with no allowed
+    entry are left out.
+
+    Parameters
+    ----------
+    logits : array_like of shape (N, M)
+        The head's pre-softmax scores in the model's order (rows = queries), taken in float64.
+    row_order, col_order : array_like of int, shape (N,) and (M,), optional
+        The orders the paraproduct organizes the rows and columns by (None: as given).
+    allowed : array_like of bool, shape (N, M), optional
+        False where the model masks attention (None: no mask).
+
+    Returns
+    -------
+    float
+        The relative residual.
+
+    Raises
+    ------
+    ValueError
+        When the result is not finite (`paraproduct` cannot represent it), or an argument is
+        not valid.
     """
     from .paraproduct import paraproduct  # torch: not for the readers of curves (crossover, the claims)
 
@@ -81,6 +130,27 @@ def residual_curve(logits, taus, row_order=None, col_order=None, allowed=None) -
     The organized head and its block averages are computed once for all temperatures
     (`paraproduct.relative_residuals`). NaN marks a residual float64 cannot represent;
     a bad argument, such as a wrong order, is raised.
+
+    Parameters
+    ----------
+    logits : array_like of shape (N, M)
+        The head's pre-softmax scores in the model's order, taken in float64.
+    taus : array_like of float, shape (T,)
+        The temperatures, positive and finite (`temperature_grid`).
+    row_order, col_order : array_like of int, shape (N,) and (M,), optional
+        As `relative_residual`'s.
+    allowed : array_like of bool, shape (N, M), optional
+        As `relative_residual`'s.
+
+    Returns
+    -------
+    ndarray of shape (T,)
+        float64, the relative residual at each temperature.
+
+    Raises
+    ------
+    ValueError
+        If an argument is not valid.
     """
     from .paraproduct import relative_residuals
 
@@ -91,11 +161,18 @@ def residual_curve(logits, taus, row_order=None, col_order=None, allowed=None) -
 class Crossover:
     """Where a curve stops lying below a baseline curve, on a grid of temperatures.
 
-    tau: the first temperature at which `organized` stops beating (being below) the
-    baseline, interpolated linearly in (log tau, log residual) between the two grid points
-    that bracket it; None if it never stops. status: "beats throughout", "never beats",
-    "stops beating" or "starts beating" (below only from some tau on, never stopping).
-    n_changes: how many times the comparison changes along the grid.
+    What `crossover` returns.
+
+    Attributes
+    ----------
+    tau : float or None
+        The first temperature at which `organized` stops beating (being below) the baseline,
+        interpolated linearly in (log tau, log residual) between the two grid points that
+        bracket it; None if it never stops. For "starts beating", where the curve goes below.
+    status : {"beats throughout", "never beats", "stops beating", "starts beating"}
+        "starts beating": below only from some tau on, never stopping.
+    n_changes : int
+        How many times the comparison changes along the grid.
     """
 
     tau: float | None
@@ -103,14 +180,38 @@ class Crossover:
     n_changes: int
 
     def where(self, low: float, high: float) -> str:
-        """Where the curve lies below the baseline, in a few words: "τ < 2.4", "no τ in [0.1, 10]"."""
+        """Where the curve lies below the baseline, in a few words: "τ < 2.4", "no τ in [0.1, 10]".
+
+        Parameters
+        ----------
+        low, high : float
+            The range of the grid.
+
+        Returns
+        -------
+        str
+            The temperatures where the curve lies below.
+        """
         rng = f"[{low:.3g}, {high:.3g}]"
         if self.status in ("beats throughout", "never beats"):
             return f"all of {rng}" if self.status == "beats throughout" else f"no τ in {rng}"
         return f"τ {'>' if self.status == 'starts beating' else '<'} {self.tau:.3g}"
 
     def describe(self, baseline: str, low: float, high: float) -> str:
-        """One clause in words, e.g. 'below the original order's for τ < 2.4 (crossover)'."""
+        """One clause in words, e.g. 'below the original order's for τ < 2.4 (crossover)'.
+
+        Parameters
+        ----------
+        baseline : str
+            What the curve is compared with, e.g. "original order's".
+        low, high : float
+            The range of the grid.
+
+        Returns
+        -------
+        str
+            The clause.
+        """
         rng = f"[{low:.3g}, {high:.3g}]"
         if self.status == "beats throughout":
             return f"below the {baseline} over the whole range {rng} (no crossover)"
@@ -127,6 +228,25 @@ def crossover(taus, organized, baseline) -> Crossover:
 
     A residual that is not finite (NaN) counts as +inf: a finite residual beats it, and
     two non-finite ones do not beat each other.
+
+    Parameters
+    ----------
+    taus : array_like of shape (T,)
+        The temperatures, positive and increasing, at least two.
+    organized : array_like of shape (T,)
+        The organized order's residual at each temperature (`residual_curve`).
+    baseline : array_like of shape (T,)
+        The baseline's.
+
+    Returns
+    -------
+    Crossover
+        Where, and how, the comparison changes.
+
+    Raises
+    ------
+    ValueError
+        If the three are not 1-D of one length, or `taus` is not increasing and positive.
     """
     t = np.asarray(taus, dtype=np.float64)
     o = np.asarray(organized, dtype=np.float64)
@@ -158,11 +278,22 @@ def crossover(taus, organized, baseline) -> Crossover:
 
 
 def geometric_mean(curves, axis: int = -2) -> np.ndarray:
-    """Geometric mean of residual curves along `axis` (by default the curves of a stack
-    (..., n_curves, n_taus)); NaN wherever one of them is NaN (not finite).
+    """Geometric mean of residual curves along `axis`; NaN wherever one of them is NaN.
 
     Residuals span decades across heads and temperatures, so their typical value is a
     mean of logarithms; a non-finite member makes the mean not finite, never ignored.
+
+    Parameters
+    ----------
+    curves : array_like of shape (..., n_curves, n_taus)
+        The curves, positive.
+    axis : int, default -2
+        The axis averaged over (by default the curves of the stack).
+
+    Returns
+    -------
+    ndarray
+        float64, the shape of `curves` without `axis`: (..., n_taus) by default.
     """
     c = np.asarray(curves, dtype=np.float64)
     with np.errstate(divide="ignore"):
@@ -170,15 +301,29 @@ def geometric_mean(curves, axis: int = -2) -> np.ndarray:
 
 
 def crossover_counts(curves, baseline: str, organized: str = "2-D organized") -> dict:
-    """Where each head-sample's organized curve stops beating its `baseline` curve, over a table of
-    curves (columns sample, layer, head, order, seed, tau, residual: the theorem1 stage's; random
-    orders' curves are combined per head-sample by their geometric mean, NaN where one is NaN).
+    """Where each head-sample's organized curve stops beating its `baseline` curve, over a table.
 
     `crossover` on every head-sample at once: the organized curve on its own temperature grid, the
-    baseline's at those temperatures; head-samples without both are left out.
+    baseline's at those temperatures; head-samples without both are left out. Random orders'
+    curves are combined per head-sample by their geometric mean, NaN where one is NaN.
 
-    Returns {"n": head-samples compared, "status": {status: count} (`Crossover.status`), "tau":
-    the crossover temperatures of those that stop beating, sorted}."""
+    Parameters
+    ----------
+    curves : pandas.DataFrame or mapping of columns
+        The curves, one row per (sample, layer, head, order, seed, tau) with its `residual`: the
+        theorem1 stage's table.
+    baseline : str
+        The `order` of the baseline curves ("original", "random", ...).
+    organized : str, default "2-D organized"
+        The `order` of the organized curves.
+
+    Returns
+    -------
+    dict
+        "n": the number of head-samples compared; "status": {status: count}
+        (`Crossover.status`); "tau": the crossover temperatures of those that stop beating,
+        sorted.
+    """
     import pandas as pd
 
     df = pd.DataFrame(curves)

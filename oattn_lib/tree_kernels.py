@@ -2,10 +2,10 @@
 
 The connected components of its normalised affinity (`graph_components`, step 2: the
 eigenpairs are computed per component), one O(n^2) pass where scipy's needed a sparse copy
-of a dense matrix (a sixth of the embedding's time at 1024 items). Each level of `trees.flexible_tree` needs the mean, over the leaves of every pair of current
-nodes, of the Euclidean distances between the leaves' diffusion coordinates. Computed as
-scipy's `pdist`, its square form and a sparse membership product, that was three passes over
-an n x n float64 matrix per level, more than half of a 1024-item tree's level time. Here one
+of a dense matrix. Each level of `trees.flexible_tree` needs the mean, over the leaves of
+every pair of current nodes, of the Euclidean distances between the leaves' diffusion
+coordinates. Computed as scipy's `pdist`, its square form and a sparse membership product,
+that was three passes over an n x n float64 matrix per level, most of a level's time. Here one
 pass over the coordinates gives the node sums, with the same additions in the same order
 (`node_mean_distances`), so the trees are the same to the bit. A module of its own so that
 `trees`, which the reading stages import, does not import numba.
@@ -45,9 +45,22 @@ def _components(p):  # pragma: no cover - compiled
 
 
 def graph_components(p: np.ndarray) -> tuple[int, np.ndarray]:
-    """(number of components, component of each item) of the undirected graph whose edges are
-    the nonzero entries of the symmetric (n, n) `p`; components are numbered in the order of
-    their first item."""
+    """The connected components of the undirected graph of the nonzero entries of `p`.
+
+    Components are numbered in the order of their first item (docs/method.md §2.2).
+
+    Parameters
+    ----------
+    p : ndarray of shape (n, n)
+        Symmetric; an edge joins items i and j where p[i, j] is not zero.
+
+    Returns
+    -------
+    n_components : int
+        The number of components.
+    component : ndarray of shape (n,)
+        int64, the component of each item.
+    """
     return _components(np.ascontiguousarray(p, dtype=np.float64))
 
 
@@ -87,12 +100,26 @@ def _node_distance_sums(xt, members, starts):  # pragma: no cover - compiled
 
 
 def node_mean_distances(x: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
-    """(m, m) float64: entry [b, a] the mean, over the leaves i of node a and j of node b, of the
-    Euclidean distance between rows x_i and x_j of the (n, d) coordinates `x`; nodes 0..m-1
-    (every one with a leaf). Bit for bit `trees._node_means(squareform(pdist(x)), node_of_leaf)`
-    (tests/test_trees.py): the distances' squared differences are added in coordinate order, as
-    pdist adds them, and the sums over leaves in the sparse product's order (over node a's
-    leaves first, each in ascending order); without the n x n matrix."""
+    """Mean Euclidean distance between the leaves of every pair of nodes (docs/method.md §2.2).
+
+    Bit for bit `trees._node_means(squareform(pdist(x)), node_of_leaf)` (tests/test_trees.py):
+    the distances' squared differences are added in coordinate order, as pdist adds them, and
+    the sums over leaves in the sparse product's order (over node a's leaves first, each in
+    ascending order); without the n x n matrix.
+
+    Parameters
+    ----------
+    x : ndarray of shape (n, d)
+        The coordinates of the n leaves.
+    node_of_leaf : ndarray of shape (n,)
+        int, the node of each leaf; nodes 0..m-1, every one with a leaf.
+
+    Returns
+    -------
+    ndarray of shape (m, m)
+        float64; entry [b, a] the mean, over the leaves i of node a and j of node b, of the
+        Euclidean distance between rows x_i and x_j.
+    """
     members, starts, c = _grouped(node_of_leaf)
     sums = _node_distance_sums(np.ascontiguousarray(np.asarray(x, dtype=np.float64).T), members, starts)
     return sums / c[:, None] / c[None, :]
@@ -126,10 +153,24 @@ def _node_sums(d, members, starts):  # pragma: no cover - compiled
 
 
 def node_means(d: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
-    """(m, m) float64: entry [b, a] the mean of the (n, n) `d` over the leaves i of node a and j of
-    node b; bit for bit `trees._node_means(d, node_of_leaf)` (the same additions in the sparse
-    product's order), in one pass over d; d transposed (+ 0.0, as the product adds it to 0)
-    where every leaf is its own node, in order (a tree's first level)."""
+    """Mean of `d` over the leaves of every pair of nodes, in one pass over d.
+
+    Bit for bit `trees._node_means(d, node_of_leaf)` (the same additions in the sparse
+    product's order); d transposed (+ 0.0, as the product adds it to 0) where every leaf is
+    its own node, in order (a tree's first level).
+
+    Parameters
+    ----------
+    d : ndarray of shape (n, n)
+        Values between the n leaves.
+    node_of_leaf : ndarray of shape (n,)
+        int, the node of each leaf; nodes 0..m-1, every one with a leaf.
+
+    Returns
+    -------
+    ndarray of shape (m, m)
+        float64; entry [b, a] the mean of d[i, j] over the leaves i of node a and j of node b.
+    """
     node_of_leaf = np.asarray(node_of_leaf)
     if np.array_equal(node_of_leaf, np.arange(len(node_of_leaf))):
         return np.ascontiguousarray(np.asarray(d, dtype=np.float64).T) + 0.0

@@ -25,7 +25,7 @@ __all__ = ["PartitionTree", "Organization", "balanced_tree", "flexible_tree", "r
 class PartitionTree:
     """Nested partitions of n items, level 0 = root; see the module docstring.
 
-    Parameters
+    Attributes
     ----------
     labels : ndarray of shape (n_levels, n)
         Integer folder labels ``labels[level, item]``: level 0 a single folder (the root), the
@@ -76,12 +76,24 @@ class PartitionTree:
     # -- basic shape ------------------------------------------------------------------
     @property
     def n(self) -> int:
-        """Number of items (leaves)."""
+        """Number of items (leaves).
+
+        Returns
+        -------
+        int
+            The length of the axis the tree organizes.
+        """
         return self.labels.shape[1]
 
     @property
     def n_levels(self) -> int:
-        """Number of levels, the root and the leaves included."""
+        """Number of levels, the root and the leaves included.
+
+        Returns
+        -------
+        int
+            At least 1 (a tree on one item is its root).
+        """
         return self.labels.shape[0]
 
     def n_folders(self, level: int) -> int:
@@ -95,6 +107,7 @@ class PartitionTree:
         Returns
         -------
         int
+            The number of distinct folder labels at `level`.
         """
         return int(self.labels[level].max()) + 1
 
@@ -280,6 +293,7 @@ class PartitionTree:
         Returns
         -------
         PartitionTree
+            The tree on the n items of `da`.
 
         Raises
         ------
@@ -421,8 +435,8 @@ def random_tree(n: int, rng: np.random.Generator) -> PartitionTree:
 
 PARTIAL_EIGEN_MIN = 1024
 """From this many items on, `_diffusion_embedding` computes only the eigenpairs it keeps
-(`_top_eigenpairs`: Lanczos, then a check that it skipped none) instead of all of them:
-at 4096 items 1.3 s and two factorizations instead of 31 s on one thread (docs/method.md §2.2)."""
+(`_top_eigenpairs`: Lanczos, then a check that it skipped none) instead of all of them, which
+at thousands of items costs a small fraction of the full decomposition (docs/method.md §2.2)."""
 
 
 def _inertia_above(p: np.ndarray, theta: float) -> int:
@@ -584,7 +598,7 @@ def _embedding_coordinates(phi: np.ndarray, s: np.ndarray, level: int) -> np.nda
 def _node_means(d_leaf: np.ndarray, node_of_leaf: np.ndarray) -> np.ndarray:
     """Mean of the symmetric d_leaf over the leaves of every pair of nodes: M d M^T with
     the sparse 0/1 membership M, O(n^2) (a dense membership product is O(n^3))."""
-    import scipy.sparse  # a tenth of a second of imports, paid by the questionnaire only
+    import scipy.sparse  # here: its import is paid by the questionnaire only
 
     counts = np.bincount(node_of_leaf).astype(np.float64)
     n = node_of_leaf.size
@@ -1026,6 +1040,7 @@ def from_padded(labels: np.ndarray) -> PartitionTree:
     Returns
     -------
     PartitionTree
+        The tree on the n items.
 
     Raises
     ------
