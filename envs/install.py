@@ -10,10 +10,10 @@ that only carry model files) and the project itself, editable and without depend
 optional extras' pins, `requirements-extras.txt`, constrained by `requirements.txt`.
 
 uv installs the same pinned requirements as pip in a fraction of the time, because it unpacks
-wheels in parallel: torch's CUDA build and the NVIDIA wheels it pulls in are 5 GB unpacked, and
-pip spends most of a fresh set-up unzipping them one at a time. uv does not read pip's
-configuration, so pip's settings that decide where packages come from (index-url,
-extra-index-url, find-links, constraint, no-index, cert) are read with `pip config list` and
+wheels in parallel: torch's CUDA build and the NVIDIA wheels it pulls in are large, and pip
+spends most of a fresh set-up unzipping them one file at a time (bench/fresh_clone.sh times the
+set-up). uv does not read pip's configuration, so pip's settings that decide where packages come
+from (index-url, extra-index-url, find-links, constraint, no-index, cert) are read with `pip config list` and
 passed on: a machine whose pip takes torch from a local wheel directory or index makes uv take it
 there too, and pip's constraints hold uv as they hold pip. Where uv cannot be installed or its
 install fails, pip does the whole install instead and says why.

@@ -4,8 +4,8 @@ Snakemake sees a rule's script, never the library the script calls, so editing
 `oattn_lib/questionnaire.py` would leave every organized store stale. A stage's
 fingerprint hashes its script and every `oattn_lib` module the script imports, directly
 or through other modules (imports anywhere in a module count, function-local ones
-included), found statically with `ast`: nothing is imported, so it costs milliseconds at
-DAG build time and never loads torch.
+included), found statically with `ast`: nothing is imported, so it is cheap at DAG build
+time and never loads torch.
 
 What is hashed is each module's syntax tree without docstrings (`ast.dump`, no line
 numbers): editing a comment, a docstring or the layout changes nothing, editing code

@@ -1,7 +1,8 @@
 """Process set-up shared by every stage: logging to the rule's log file, thread caps, device.
 
 Nothing here imports torch or numba: a stage that does not compute with them (entropy,
-tables, summary) starts without their import (torch's alone takes about 2 s).
+tables, summary) starts without their import, the largest part of a job's start-up
+(bench/startup.py measures each stage's).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from oattn_lib.runtime import setup_logging
 setup_logging(snakemake.log[0], snakemake.threads)
 p = snakemake.params
 if p.dataset == "vit_b_16_weights":
-    from oattn_lib.models.vit import fetch_vit_b_16_weights as fetch  # the torch hub cache
+    from oattn_lib.models.vision_transformer import fetch_vit_b_16_weights as fetch  # the torch hub cache
 else:
     from oattn_lib.data.download import fetch_cifar10, fetch_wikitext103
     fetch = {"wikitext103": fetch_wikitext103, "cifar10": fetch_cifar10}[p.dataset]

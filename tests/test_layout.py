@@ -1,5 +1,6 @@
 """The library's layout rules, read from its source: no private name crosses a module."""
 import ast
+import re
 from pathlib import Path
 
 LIB = Path(__file__).resolve().parents[1] / "oattn_lib"
@@ -215,3 +216,101 @@ def test_the_cycle_check_sees_local_relative_and_package_imports(tmp_path):
     assert import_cycles(graph) == [["oattn_lib.c", "oattn_lib.sub.b"]]
     (pkg / "c.py").write_text("")
     assert import_cycles(module_imports(pkg)) == []
+
+
+# -- no measured figures in comments and docstrings ------------------------------------------------
+# A timing, a speed-up or a measured size in a comment goes stale with the next optimisation: it
+# belongs to a benchmark's recorded output (bench/*.csv, shown on the docs' Measurements page), and
+# the comment says what the code does and why, naming the benchmark that measures it. Sizes that
+# follow from shapes ("270 heads at 1024 tokens are 1.1 GB"), constants ("blocks of 64 MiB") and
+# rules ("every 0.5 s for its first 15 s") say nothing measured and pass.
+FIGURE_READERS = ("oattn_lib", "scripts", "envs", "workflow", "Snakefile")
+
+_NUM = r"\d+(?:[.,]\d+)?(?:\s?(?:-|–|to)\s?\d+(?:\.\d+)?)?"
+_TIME = rf"\b{_NUM}\s?(?:s|ms|µs|us|ns|min|mins|minutes?|seconds?|hours?)\b"
+_SIZE = rf"\b{_NUM}\s?(?:[kKMGT]i?B)\b"
+# shapes of a measurement on their own: a speed-up, an approximate or compared time, a rate, a
+# share of the run time, a machine named as where something ran
+FIGURE_SHAPE = re.compile(
+    rf"\b{_NUM}\s?(?:x|×|-fold|times)\s+(?:faster|slower|quicker|less\s+time|more\s+time|as\s+fast|as\s+slow)"
+    rf"|\b(?:about|around|roughly|nearly|~)\s?{_TIME}"                             # about 13 s
+    rf"|{_TIME}\s+(?:late|early|faster|slower|per|each|a\s+pass|instead)\b"         # 4.1 s per window
+    rf"|\b(?:instead\s+of|against|versus|vs\.?|from|->|→)\s*(?:{_TIME}|{_SIZE})"   # instead of 31 s
+    rf"|\b(?:missed|lost|freed|used)\s+(?:up\s+to\s+|about\s+)?{_SIZE}"           # missed up to 1.2 GB
+    rf"|\b{_NUM}\s?%\s+of\s+(?:\S+\s+){{0,2}}(?:time|CPU|run\s?time|wall)"          # 70% of its time
+    r"|\d\S*\s+\S+\s+per\s+(?:core-)?second\b"                                     # abs-diffs per second
+    r"|\bon\s+(?:a|an|the|this|one)\s+(?:\d+-core\s+)?(?:AMD\s+|Intel\s+)?(?:EPYC|Xeon|Zen\s?\d)\b",
+    re.IGNORECASE)
+# words that make a time or size on the same line a measurement rather than a rule or a shape
+_MEASURED = (r"\b(?:measured|took|takes|taking|spent|spends|saved|saves|costs?|peak(?:s|ed)?\s+(?:at|of)"
+             r"|of\s+CPU|CPU-s(?:econds)?|wall|RSS|on\s+(?:one|a\s+single|\d+)\s+(?:threads?|cores?)"
+             r"|on\s+(?:a|an|the|this)\s+\S*\s*(?:machine|cores?|EPYC|Xeon|GPU|H100))\b")
+MEASURED_FIGURE = re.compile(rf"{FIGURE_SHAPE.pattern}|(?=.*{_MEASURED}).*(?:{_TIME}|{_SIZE})", re.IGNORECASE)
+
+
+def comment_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of every comment and docstring line of `path`: for Python, its comments
+    (`tokenize`) and every string standing alone as a statement (`ast`: module, class and function
+    docstrings, and those under a constant); for a Snakemake file, its lines that start with #."""
+    import io
+    import tokenize
+
+    text = path.read_text()
+    if path.suffix != ".py":
+        return [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.lstrip().startswith("#")]
+    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+           if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out += [(node.value.lineno + i, line) for i, line in enumerate(node.value.value.splitlines())]
+    return sorted(out)
+
+
+def measured_figures(path: Path) -> list[str]:
+    """`file:line: text` for each comment or docstring line of `path` that quotes a measured figure,
+    or starts one that the next line ends ("about 20" then "times faster")."""
+    lines = comment_lines(path)
+    bad = []
+    for k, (n, line) in enumerate(lines):
+        nxt = lines[k + 1][1].strip().lstrip("#") if k + 1 < len(lines) and lines[k + 1][0] == n + 1 else ""
+        if MEASURED_FIGURE.search(line) or (nxt and not FIGURE_SHAPE.search(nxt)
+                                            and FIGURE_SHAPE.search(line.strip() + " " + nxt.strip())):
+            bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    return bad
+
+
+def figure_readers() -> list[Path]:
+    files = []
+    for name in FIGURE_READERS:
+        p = ROOT / name
+        files += [p] if p.is_file() else [f for pat in ("*.py", "*.smk", "Snakefile") for f in sorted(p.rglob(pat))]
+    return [f for f in files if "__pycache__" not in f.parts]
+
+
+def test_no_comment_or_docstring_quotes_a_measured_figure():
+    bad = [b for p in figure_readers() for b in measured_figures(p)]
+    assert bad == [], ("say what the code does and why, and name the benchmark that measures it; the figure "
+                       "belongs to its recorded output (bench/*.csv):\n" + "\n".join(bad))
+
+
+def test_the_figure_check_sees_timings_and_speedups_not_shapes_or_rules(tmp_path, monkeypatch):
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    f = tmp_path / "m.py"
+    f.write_text('"""A module.\n\nmeasured: 3.2x faster than the loop.\n"""\n'          # 3
+                 "x = 1  # 17.9 s of CPU on the default run\n"                              # 5
+                 "# transformers dequantises it (about 13 s for 30 layers)\n"              # 6
+                 'LIMIT = 2 << 30\n"""Bytes: the job peaks at 1.6 GB, so it asks 2.1 GB."""\n'  # 8
+                 "# the training started 60 s late\n"                                       # 9
+                 "# numpy's check is 10 times faster than torch's\n"                        # 10
+                 "# chunks of 64 MiB; a 2 GB limit the user sets\n"
+                 "# 270 heads at 1024 tokens are 1.1 GB\n"
+                 "# Snakemake samples a job every 0.5 s for its first 15 s\n"
+                 's = "17.9 s of CPU, measured"\n'
+                 "def f():\n    '''Took 4.1 s per window on a 2-core machine.'''\n"       # 16
+                 "# the same numbers, about 20\n# times faster\n"                          # 17
+                 "# 10 ms instead of 110 ms; 2.3e10 abs-diffs per core-second\n"            # 19
+                 "# run on a 2-core AMD EPYC\n")                                            # 20
+    assert [b.split(":")[1] for b in measured_figures(f)] == ["3", "5", "6", "8", "9", "10", "16", "17", "19", "20"]
+    smk = tmp_path / "r.smk"
+    smk.write_text('# measured: 17.9 s of CPU\nrule a:\n    shell: "sleep 3  # took 3 s"\n# every 30 s\n')
+    assert measured_figures(smk) == ["r.smk:1: # measured: 17.9 s of CPU"]

@@ -310,7 +310,7 @@ def load_wikitext(root: str | os.PathLike, skip_empty_lines: bool = True,
     contributes a lone ``<eos>``; pass False to reproduce its token stream exactly.
 
     `splits` selects what to read: the training file has about 103M tokens (a list of
-    them takes about 1 GB even with the strings shared), the test file 0.25M.
+    them is large even with the strings shared), the test file 0.25M.
     """
     if isinstance(splits, str) or not set(splits) <= set(WIKITEXT_FILES) or not splits:
         raise ValueError(f"splits: expected a non-empty subset of {tuple(WIKITEXT_FILES)}, "
