@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from oattn_lib.config import rule_stage
+    from oattn_lib.plan import rule_stage
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=10000)

@@ -490,7 +490,7 @@ class Planner:
         from snakemake.settings.types import (ConfigSettings, DAGSettings, OutputSettings, Quietness,
                                               ResourceSettings)
 
-        from oattn_lib.config import rule_stage
+        from oattn_lib.plan import rule_stage
 
         # the config is given as --config would give it (parsing it from a file is slower); the
         # Snakefile's own `configfile:` gets a file holding one key of it

@@ -17,11 +17,10 @@ import yaml
 from .models import adapter
 from .units import resolve_unit
 
-__all__ = ["ConfigError", "SCHEMA", "batch_jobs", "rule_stage", "validate_config", "defaults_validator", "check_config", "coerce_config", "canonical",
-           "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "batched_samples",
-           "softmax_free_bases", "stability_samples", "explorer_parts",
-           "shown_samples", "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES",
-           "plan_problem", "section_settings", "compare_pairs", "compare_heads", "compare_inputs", "compare_targets"]
+__all__ = ["ConfigError", "SCHEMA", "validate_config", "defaults_validator", "check_config", "coerce_config", "canonical",
+           "complete_model", "prune_settings", "n_tokens", "n_units", "stored_units", "softmax_free_bases",
+           "planned_store_bytes", "disk_problem", "counted_candidates", "MAX_PLANNED_SAMPLES", "plan_problem",
+           "section_settings", "compare_pairs"]
 
 # the workflow's schema, the one place defaults live: package data, so that an installed
 # library (a wheel, not only a clone) can validate and complete a config
@@ -326,55 +325,6 @@ def stored_units(model: dict) -> tuple[list[int], list[int]] | None:
     return layers, heads
 
 
-def batched_samples(model: dict, max_entries: int) -> bool:
-    """Whether the per-sample stages of `model` run as one job for all its samples (config
-    `jobs.batch_max_entries`): when its network tensor, tokens x tokens x stored heads, has at
-    most `max_entries` entries. False when `max_entries` is 0 or the model's size cannot be read
-    before running it."""
-    if max_entries <= 0:
-        return False
-    units, n = stored_units(model), n_tokens(model)
-    if n is None:  # samples of their own lengths: planned for the longest
-        n = adapter(model).max_tokens(model)
-    if units is None or n is None:
-        return False
-    return n * n * len(units[0]) * len(units[1]) <= max_entries
-
-
-def batch_jobs(models: dict, max_samples: int) -> list[tuple[str, str, list[int]]]:
-    """The batch jobs of the batched models (`batched_samples`), one per run of at most
-    `max_samples` consecutive samples (config `jobs.batch_max_samples`): `(suffix, model,
-    samples)` for `models` {name: sample indices}, in their order. `suffix` names the job's
-    rules (`<stage>_batch_<suffix>`): the model's name with every character that is not a
-    letter, digit or underscore made one, then `_samples<first>_<last>` where the model has
-    more than one batch; names that would clash get `_m<k>`, k the model's position.
-
-    Each rule then has outputs with no wildcards (the model's own stores): Snakemake finds a
-    file's producer among the rules whose outputs start as the file does, and outputs with a
-    `{model}` wildcard all start alike, so that a model of n samples in one job would be
-    planned in time growing as n squared."""
-    if max_samples < 1:
-        raise ValueError(f"jobs.batch_max_samples: {max_samples} is below 1")
-    idents = {name: re.sub(r"\W", "_", name, flags=re.ASCII) for name in models}
-    clashes = {i for i in idents.values() if list(idents.values()).count(i) > 1}
-    jobs = []
-    for k, (name, indices) in enumerate(models.items()):
-        ident = idents[name] + (f"_m{k}" if idents[name] in clashes else "")
-        indices = list(indices)
-        chunks = [indices[i:i + max_samples] for i in range(0, len(indices), max_samples)]
-        for chunk in chunks:
-            suffix = ident if len(chunks) == 1 else f"{ident}_samples{chunk[0]}_{chunk[-1]}"
-            jobs.append((suffix, name, chunk))
-    return jobs
-
-
-def rule_stage(rule: str) -> str:
-    """The stage a Snakemake rule runs: a batch rule's (`<stage>_batch_<model>`, `batch_jobs`)
-    its stage, any other rule's its name."""
-    m = re.fullmatch(r"(\w+?)_batch_\w+", rule)
-    return m.group(1) if m else rule
-
-
 def _merged(base: dict, override: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -520,32 +470,6 @@ def prune_settings(config: dict, model: dict) -> dict:
     return model.get("prune") or config["prune"]
 
 
-def explorer_parts(n_samples: int, max_jobs: int) -> list[list[int]]:
-    """The samples of each `explorer_samples` job of a model of one job per sample (config
-    `jobs.explorer_jobs` = `max_jobs`): consecutive runs of ceil(n / max_jobs) samples."""
-    if n_samples < 1 or max_jobs < 1:
-        raise ValueError(f"n_samples, max_jobs: need at least 1 each, got {n_samples}, {max_jobs}")
-    per = -(-n_samples // max_jobs)
-    return [list(range(start, min(n_samples, start + per))) for start in range(0, n_samples, per)]
-
-
-def shown_samples(n_samples: int, max_samples: int | None) -> int:
-    """How many samples a model's explorer page shows: its first `max_samples` (config
-    `explorer.max_samples`), or all `n_samples` where that is None or more."""
-    return n_samples if max_samples is None else min(n_samples, int(max_samples))
-
-
-def stability_samples(model: dict) -> list[int]:
-    """The samples of a model that get stability replicates (`stability.samples`: the first n, or
-    all); [] when the model has no `stability` section (docs/method.md §14)."""
-    st = model.get("stability")
-    if not st:
-        return []
-    n = model["extract"]["n_samples"]
-    k = st.get("samples", "all")
-    return list(range(n if k == "all" else min(int(k), n)))
-
-
 def softmax_free_bases(config: dict) -> list[dict]:
     """The models the softmax-free experiment retrains (`softmax_free.models`, or every model
     that can be retrained with another attention when it is empty: txl and custom vit), in the
@@ -589,8 +513,8 @@ def planned_store_bytes(config: dict, model: dict) -> int:
 
 MAX_PLANNED_SAMPLES = 200_000
 """The most samples one configuration may plan, over every model and softmax-free run: Snakemake
-plans three to four jobs a sample at about 2 ms each (10,000 samples: about a minute), so a
-count beyond this would keep `snakemake -n` busy for hours before saying anything."""
+plans three to four jobs a sample, one after another, so a count beyond this would keep
+`snakemake -n` busy for hours before saying anything (bench/plan.py times the planning)."""
 
 
 def plan_problem(config: dict) -> str | None:
@@ -676,23 +600,6 @@ def compare_pairs(config: dict) -> list[dict]:
                      and type(adapter(ma)) is type(adapter(mb)))
         out.append({"a": pair["a"], "b": pair["b"], "heads": bool(heads)})
     return out
-
-
-def compare_heads(config: dict, a: str, b: str) -> bool:
-    """Whether the pair `a`, `b` of the config's `compare` section is compared head by head."""
-    return next(p["heads"] for p in compare_pairs(config) if (p["a"], p["b"]) == (a, b))
-
-
-def compare_inputs(results: str, a: str, b: str) -> dict[str, str]:
-    """The files rule compare reads of the pair: each model's heads tables and Table 2, named
-    rows_a, summary_a, table2_a and the same with _b."""
-    files = {"rows": "heads.parquet", "summary": "heads_summary.parquet", "table2": "tables/table2.csv"}
-    return {f"{k}_{side}": f"{results}/{name}/{f}" for side, name in (("a", a), ("b", b)) for k, f in files.items()}
-
-
-def compare_targets(config: dict) -> list[str]:
-    """The page of each pair of the config's `compare` section (what rule all asks for)."""
-    return [f"{config['results']}/compare/{p['a']}_vs_{p['b']}/compare.html" for p in compare_pairs(config)]
 
 
 def check_config(config: dict) -> None:

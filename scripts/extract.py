@@ -4,8 +4,8 @@ from oattn_lib.runtime import setup_logging
 from oattn_lib.stages.extract import extract_samples
 
 setup_logging(snakemake.log[0], snakemake.threads)
-p, i, w = snakemake.params, snakemake.input, snakemake.wildcards
+p, i = snakemake.params, snakemake.input
 outs = list(snakemake.output.store)
-samples = [int(w.sample)] if "sample" in w.keys() else list(p.samples)
+samples = list(p.samples)
 extract_samples(p.model["kind"], p.model, i.npz, i.meta, i.checkpoint or None, outs, samples, device=p.device,
                 config_slice=p.model, code=p.code, prepared=i.get("prepared"))

@@ -303,7 +303,7 @@ def test_validation_needs_no_snakemake(tmp_path):
 
 
 def test_batch_jobs_cut_each_model_into_runs_of_consecutive_samples():
-    from oattn_lib.config import batch_jobs, rule_stage
+    from oattn_lib.plan import batch_jobs, rule_stage
 
     jobs = batch_jobs({"vit-tiny": range(5), "softmax_free/txl/tensor_q/seed0": range(2)}, 2)
     assert jobs == [("vit_tiny_samples0_1", "vit-tiny", [0, 1]), ("vit_tiny_samples2_3", "vit-tiny", [2, 3]),

@@ -10,7 +10,8 @@ import pytest
 import xarray as xr
 
 from oattn_lib import store
-from oattn_lib.both_masked import OTHER_RULE, both_masked_models, other_rule
+from oattn_lib.both_masked import OTHER_RULE, other_rule
+from oattn_lib.plan import both_masked_models
 from oattn_lib.config import SCHEMA, validate_config
 from oattn_lib.network import MASKED, allowed_mask, read_network
 from oattn_lib.stages.entropy import entropy
@@ -136,7 +137,7 @@ def test_the_rule_is_planned_for_the_scores_model_only(tmp_path):
 
 
 def test_the_other_rule_is_one_job_per_model_with_every_sample():
-    from oattn_lib.both_masked import masked_other_jobs
+    from oattn_lib.plan import masked_other_jobs
 
     jobs = masked_other_jobs({"txl-tiny": range(10), "a.b": [0, 1]})
     assert jobs == [("txl_tiny", "txl-tiny", list(range(10))), ("a_b", "a.b", [0, 1])]

@@ -136,7 +136,7 @@ def test_a_page_from_per_sample_jobs_is_the_page_made_in_one_process(run, tmp_pa
     resolution."""
     from oattn_lib.explorer.build import model_payload
     from oattn_lib.stages.explorer import explorer
-    from oattn_lib.config import explorer_parts
+    from oattn_lib.plan import explorer_parts
     from oattn_lib.stages.explorer_samples import explorer_plan, explorer_samples
 
     common = dict(quantity="probs", figure_heads=FIG, heads_2d=4, questionnaire2d_iters=3, max_side=max_side)
@@ -187,7 +187,7 @@ def test_a_page_from_per_sample_jobs_is_the_page_made_in_one_process(run, tmp_pa
 
 
 def test_explorer_parts_are_consecutive_samples_in_at_most_the_jobs_asked():
-    from oattn_lib.config import explorer_parts
+    from oattn_lib.plan import explorer_parts
 
     assert explorer_parts(10, 10) == [[i] for i in range(10)]
     assert explorer_parts(10, 4) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]

@@ -14,7 +14,7 @@ import pytest
 import xarray as xr
 
 from oattn_lib import store
-from oattn_lib.config import rule_stage
+from oattn_lib.plan import rule_stage
 from oattn_lib.stages.softmax_free_table import table5
 from wfutil import REPO, TINY
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from oattn_lib.config import rule_stage
+from oattn_lib.plan import rule_stage
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .. import store
-from ..config import shown_samples
+from ..plan import shown_samples
 from ..heads2d import read_organizations_2d, sample_organizations
 from ..heads2d import figure_units, heads_for_2d
 from .collect import read_sample
@@ -332,7 +332,7 @@ def model_payload(model: str, kind: str, attention_stores: list, organized_store
         o2d = None if organized2d_stores is None else organized2d_stores[i]
         if i == 0 and trial is not None:
             # the plan's trial encoding of sample 0 at the chosen resolution: encoding it again
-            # would give the same bytes (at 1024 tokens it takes as long as reading the sample)
+            # would give the same bytes at the cost of a second encoding (bench/explorer.py times the build)
             samples.append(trial)
         else:
             samples.append(encode_page_sample(i, attention_stores[i], organized_stores[i], decomposed_stores[i], pp,

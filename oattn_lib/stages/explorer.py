@@ -5,7 +5,7 @@ import logging
 import os
 
 from .. import store
-from ..config import shown_samples
+from ..plan import shown_samples
 from ..explorer.build import assemble_payload, model_payload, table_payload
 from ..explorer.page import read_meta, render_index, render_page, shown_note
 from .explorer_samples import read_page_plan, read_page_samples

@@ -1,5 +1,5 @@
 """Stages `explorer_plan` and `explorer_samples`: a model's explorer page planned, then its
-samples encoded by a few jobs (`jobs.explorer_jobs`, consecutive samples each: `config.explorer_parts`), beside the rest of
+samples encoded by a few jobs (`jobs.explorer_jobs`, consecutive samples each: `plan.explorer_parts`), beside the rest of
 the run (an LLM's prune); the page's job (`stages.explorer`) assembles them. For a model of one
 job per sample; a small model's page job does all of it in one process
 (`explorer.build.model_payload`, the same code).

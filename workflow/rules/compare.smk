@@ -1,7 +1,7 @@
 # Pairs of the models' analyses side by side (config `compare`, docs/method.md §15): per pair a
 # head-by-head table (one model on two sets of prompts), the per-sample measures of any two models,
 # a figure and a page, from each model's heads tables and Table 2.
-from oattn_lib.config import compare_heads, compare_inputs
+from oattn_lib.plan import compare_heads, compare_inputs
 
 
 rule compare:

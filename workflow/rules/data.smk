@@ -12,7 +12,7 @@ rule prepare_data:
     benchmark:
         f"{R}/benchmarks/{{model}}/prepare_data.tsv"
     # with training, which it gates (the longest chain of a run): a text model's data has no
-    # inputs, and the greedy scheduler, largest inputs first, started its training 60 s late
+    # inputs, and the greedy scheduler, largest inputs first, would start its training late
     priority: PRIORITY["train"]
     conda:
         "../../envs/oattn.yaml"

@@ -11,7 +11,7 @@ localrules:
 
 rule download_wikitext103:
     output:
-        WIKITEXT103_FILES,
+        DATASET_FILES["wikitext103"],
     log:
         f"{R}/logs/download/wikitext103.log",
     conda:
@@ -26,7 +26,7 @@ rule download_wikitext103:
 
 rule download_cifar10:
     output:
-        CIFAR10_FILES,
+        DATASET_FILES["cifar10"],
     log:
         f"{R}/logs/download/cifar10.log",
     conda:

@@ -15,7 +15,7 @@ rule entropy:
     wildcard_constraints:
         model=ANALYSED_MODEL,
     # the analysis chain of a sample before the jobs that read all of it: a long leaf (an LLM's
-    # prune) then starts early instead of alone at the end (common.smk, PRIORITY)
+    # prune) then starts early instead of alone at the end (oattn_lib.plan.PRIORITY)
     priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"
@@ -35,7 +35,7 @@ rule tables:
         entropy=ENTROPY,
         organized=organized_stores,
         # intervals over the replicates where the model has a `stability` section (stability.smk)
-        stability=lambda wildcards: [STABILITY.format(model=wildcards.model)] if wildcards.model in STABLE else [],
+        stability=stability_input,
     output:
         head_tree_csv=f"{R}/{{model}}/tables/head_tree.csv",
         table1_csv=f"{R}/{{model}}/tables/table1.csv",
@@ -64,7 +64,7 @@ rule heads:
     input:
         entropy=ENTROPY,
         decomposed=decomposed_stores,
-        stability=lambda wildcards: [STABILITY.format(model=wildcards.model)] if wildcards.model in STABLE else [],
+        stability=stability_input,
     output:
         rows=f"{R}/{{model}}/heads.parquet",
         summary=f"{R}/{{model}}/heads_summary.parquet",

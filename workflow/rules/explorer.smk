@@ -4,7 +4,7 @@
 # per sample gets its page planned (explorer_plan: what it shows, at which resolution, measured on
 # sample 0) and its samples encoded by up to jobs.explorer_jobs jobs (explorer_samples), beside the
 # rest of the run (an LLM's prune); its page job then only assembles them. A small model's page
-# job does all of it (common.smk, explorer_inputs).
+# job does all of it (oattn_lib.plan.Plan.explorer_inputs).
 
 
 rule explorer_plan:
@@ -55,7 +55,7 @@ rule explorer_samples:
         **analysis_resources("explorer"),
     params:
         analysis=analysis_params,
-        indices=lambda w: explorer_part_samples(w.model)[int(w.part)],
+        indices=explorer_part_samples,
         code=code_version("explorer_samples"),
     script:
         "../../scripts/explorer_samples.py"

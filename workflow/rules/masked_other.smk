@@ -5,41 +5,39 @@
 # its entropy.zarr. Target `masked_other`: every such model's.
 
 
-for _suffix, _name, _samples in MASKED_OTHER_JOBS:
+for _rule in stage_rules("masked_other", MASKED_OTHER_JOBS, per_sample=False):
 
     rule:
         name:
-            f"masked_other_batch_{_suffix}"
+            _rule.name
         input:
-            attention=batch_paths(ATTENTION, _name, _samples),
+            attention=_rule.paths(ATTENTION),
             kernels=KERNELS,
         output:
-            organized=masked_other_paths(MASKED_OTHER_ORGANIZED, _name),
-            decomposed=masked_other_paths(MASKED_OTHER_DECOMPOSED, _name),
-            entropy=masked_other_paths(MASKED_OTHER_ENTROPY, _name),
+            organized=masked_other_paths(MASKED_OTHER_ORGANIZED, _rule.model),
+            decomposed=masked_other_paths(MASKED_OTHER_DECOMPOSED, _rule.model),
+            entropy=masked_other_paths(MASKED_OTHER_ENTROPY, _rule.model),
         log:
-            f"{R}/logs/{_name}/masked_{MASKED_OTHER[_name]}.log",
+            f"{R}/logs/{_rule.model}/masked_{MASKED_OTHER[_rule.model]}.log",
         benchmark:
-            f"{R}/benchmarks/{_name}/masked_{MASKED_OTHER[_name]}.tsv"
-        # a long job that only the claims read: started with the long leaves (common.smk, PRIORITY)
+            f"{R}/benchmarks/{_rule.model}/masked_{MASKED_OTHER[_rule.model]}.tsv"
+        # a long job that only the claims read: started with the long leaves (oattn_lib.plan.PRIORITY)
         priority: PRIORITY["long_leaf"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            **batch_resources(
-                _name,
-                _samples,
-                oattn_resources.chained([analysis_resources(s) for s in ("organize", "decompose", "entropy")]),
+            **_rule.resources(
+                oattn_resources.chained([analysis_resources(s) for s in ("organize", "decompose", "entropy")])
             ),
         params:
-            analysis=for_model(_name, _samples, masked_other_params),
+            analysis=_rule.bind(masked_other_params),
             device=config["device"],
             organize=config["organize"],
             decompose=config["decompose"],
-            entropy={k: config["entropy"][k] for k in ("head_top_k", "network_top_k")},
-            code=code_version(f"masked_other_batch_{_suffix}", "masked_other"),
+            entropy=ENTROPY_TOP_K,
+            code=code_version(_rule.name, "masked_other"),
         script:
             "../../scripts/masked_other.py"
 

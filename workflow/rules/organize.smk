@@ -1,65 +1,39 @@
 # The 3-D questionnaire per sample: query, key and head trees and affinities (docs/method.md §5.2).
 # Every analysed model: the config's and the softmax-free runs (ANALYSED_MODEL, common.smk).
-# One job per sample, or, for a model small enough (jobs.batch_max_entries, common.smk), one
-# job for each batch of its samples (rules organize_batch_<model>, jobs.batch_max_samples at a
-# time): the same per-sample stores, written by one process.
+# One rule per sample, or, for a model small enough (jobs.batch_max_entries), one rule for each
+# batch of its samples (organize_batch_<model>, jobs.batch_max_samples at a time): the same
+# per-sample stores, written by one process (oattn_lib.plan.StageRule).
 
 
-rule organize:
-    input:
-        attention=[ATTENTION],
-        kernels=KERNELS,
-    output:
-        store=[ORGANIZED],
-    log:
-        f"{R}/logs/{{model}}/organize_sample{{sample}}.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/organize_sample{{sample}}.tsv"
-    wildcard_constraints:
-        model=PER_SAMPLE_MODEL,
-    # the analysis chain of a sample before the jobs that read all of it: a long leaf (an LLM's
-    # prune) then starts early instead of alone at the end (common.smk, PRIORITY)
-    priority: PRIORITY["chain"]
-    conda:
-        "../../envs/oattn.yaml"
-    threads: 1
-    resources:
-        **ANALYSIS_GPU,
-        **analysis_resources("organize"),
-    params:
-        analysis=analysis_params,
-        device=config["device"],
-        organize=config["organize"],
-        code=code_version("organize"),
-    script:
-        "../../scripts/organize.py"
-
-
-for _suffix, _name, _samples in BATCH_JOBS:
+for _rule in stage_rules("organize"):
 
     rule:
         name:
-            f"organize_batch_{_suffix}"
+            _rule.name
         input:
-            attention=batch_paths(ATTENTION, _name, _samples),
+            attention=_rule.paths(ATTENTION),
             kernels=KERNELS,
         output:
-            store=batch_paths(ORGANIZED, _name, _samples),
+            store=_rule.paths(ORGANIZED),
         log:
-            batch_file("logs", _name, "organize", _samples, BATCH_JOBS),
+            _rule.log,
         benchmark:
-            batch_file("benchmarks", _name, "organize", _samples, BATCH_JOBS)
+            _rule.benchmark
+        wildcard_constraints:
+            **_rule.constraints,
+        # the analysis chain of a sample before the jobs that read all of it: a long leaf (an
+        # LLM's prune) then starts early instead of alone at the end (oattn_lib.plan.PRIORITY)
         priority: PRIORITY["chain"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            **batch_resources(_name, _samples, analysis_resources("organize")),
+            **_rule.resources(analysis_resources("organize")),
         params:
-            analysis=for_model(_name, _samples, analysis_params),
+            analysis=_rule.bind(analysis_params),
             device=config["device"],
             organize=config["organize"],
-            code=code_version(f"organize_batch_{_suffix}", "organize"),
+            code=code_version(_rule.name, "organize"),
         script:
             "../../scripts/organize.py"

@@ -14,7 +14,7 @@ rule prepare_model:
         f"{R}/benchmarks/{{model}}/prepare_model.tsv"
     wildcard_constraints:
         model=name_pattern(GGUF_MODELS),
-    # a GGUF model's extraction and everything after it wait for it (common.smk, PRIORITY)
+    # a GGUF model's extraction and everything after it wait for it (oattn_lib.plan.PRIORITY)
     priority: PRIORITY["chain"]
     conda:
         "../../envs/oattn.yaml"

@@ -7,7 +7,7 @@
 # the default target only with softmax_free.enabled (or once it has been run, so that the
 # report keeps Table 5).
 
-SF_RUNS = softmax_free_runs()
+SF_RUNS = PLAN.softmax_free_runs()
 
 
 rule softmax_free_train:

@@ -6,85 +6,50 @@
 # (stability_sample: its questionnaires, beside the other samples' analyses; a small model's in
 # batches), then the model's table (stability: the bootstrap and the summary, seconds).
 
-# what the replicates read of the entropy settings: the entropies' numbers of coefficients
-REPLICATE_TOP_K = {k: config["entropy"][k] for k in ("head_top_k", "network_top_k")}
-
-
-rule stability_sample:
-    input:
-        attention=[ATTENTION],
-        organized=[ORGANIZED],
-        decomposed=[DECOMPOSED],
-        kernels=KERNELS,
-    output:
-        store=[STABILITY_SAMPLE],
-    log:
-        f"{R}/logs/{{model}}/stability_sample{{sample}}.log",
-    benchmark:
-        f"{R}/benchmarks/{{model}}/stability_sample{{sample}}.tsv"
-    wildcard_constraints:
-        model=name_pattern([n for n in STABLE if n not in BATCHED]),
-    priority: PRIORITY["long_leaf"]
-    conda:
-        "../../envs/oattn.yaml"
-    threads: 1
-    resources:
-        **ANALYSIS_GPU,
-        **analysis_resources("stability"),
-    params:
-        samples=job_samples,
-        settings=lambda wildcards: stability_replicate_settings(wildcards.model),
-        analysis=analysis_params,
-        device=config["device"],
-        organize=config["organize"],
-        entropy=REPLICATE_TOP_K,
-        questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
-        code=code_version("stability_sample"),
-    script:
-        "../../scripts/stability_sample.py"
-
-
-# a small model's replicated samples (jobs.batch_max_entries, common.smk): one job for each batch
-# of them (rules stability_sample_batch_<model>), each sample's replicates in a store of its own
-for _suffix, _name, _samples in STABILITY_BATCH_JOBS:
+# One rule per replicated sample, or, for a small model (jobs.batch_max_entries), one for each
+# batch of its replicated samples (stability_sample_batch_<model>; oattn_lib.plan.StageRule),
+# each sample's replicates in a store of its own.
+for _rule in stage_rules("stability_sample", STABILITY_BATCH_JOBS, PLAN.stability_per_sample):
 
     rule:
         name:
-            f"stability_sample_batch_{_suffix}"
+            _rule.name
         input:
-            attention=batch_paths(ATTENTION, _name, _samples),
-            organized=batch_paths(ORGANIZED, _name, _samples),
-            decomposed=batch_paths(DECOMPOSED, _name, _samples),
+            attention=_rule.paths(ATTENTION),
+            organized=_rule.paths(ORGANIZED),
+            decomposed=_rule.paths(DECOMPOSED),
             kernels=KERNELS,
         output:
-            store=batch_paths(STABILITY_SAMPLE, _name, _samples),
+            store=_rule.paths(STABILITY_SAMPLE),
         log:
-            batch_file("logs", _name, "stability_sample", _samples, STABILITY_BATCH_JOBS),
+            _rule.log,
         benchmark:
-            batch_file("benchmarks", _name, "stability_sample", _samples, STABILITY_BATCH_JOBS)
+            _rule.benchmark
+        wildcard_constraints:
+            **_rule.constraints,
         priority: PRIORITY["long_leaf"]
         conda:
             "../../envs/oattn.yaml"
         threads: 1
         resources:
             **ANALYSIS_GPU,
-            **batch_resources(_name, _samples, analysis_resources("stability")),
+            **_rule.resources(analysis_resources("stability")),
         params:
-            samples=_samples,
-            settings=stability_replicate_settings(_name),
-            analysis=for_model(_name, _samples, analysis_params),
+            samples=_rule.job_samples,
+            settings=_rule.bind(replicate_settings),
+            analysis=_rule.bind(analysis_params),
             device=config["device"],
             organize=config["organize"],
-            entropy=REPLICATE_TOP_K,
+            entropy=ENTROPY_TOP_K,
             questionnaire2d_iters=config["decompose"]["questionnaire2d_iters"],
-            code=code_version(f"stability_sample_batch_{_suffix}", "stability_sample"),
+            code=code_version(_rule.name, "stability_sample"),
         script:
             "../../scripts/stability_sample.py"
 
 
 rule stability:
     input:
-        replicates=stability_stores(STABILITY_SAMPLE),
+        replicates=stability_stores,
         entropy=ENTROPY,
     output:
         store=STABILITY,
