@@ -85,9 +85,11 @@ def dry_run(project: Path, *args: str) -> dict[str, int]:
 
 
 # -- the commands of the README and the docs pages --------------------------------------------
-# the workflow's rules, read from the rule files (a page naming a rule that does not exist fails)
-RULES = {m for f in (REPO / "workflow" / "rules").glob("*.smk")
-         for m in re.findall(r"^rule (\w+):", f.read_text(), re.M)}
+# the workflow's rules, read from the rule files (a page naming a rule that does not exist fails):
+# `rule X:`, and a per-sample stage's rule made by the loop over `stage_rules("X", ...)`
+RULES = {name for f in (REPO / "workflow" / "rules").glob("*.smk")
+         for found in re.findall(r"^rule (\w+):|^for _rule in stage_rules\(\"(\w+)\"(?![^\n]*per_sample=False)",
+                                 f.read_text(), re.M) for name in found if name}
 
 
 def readme_commands(text: str) -> list[tuple[str, set[str] | None]]:
