@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from . import resources as job_resources
 from . import softmax_free
 from .both_masked import other_rule
-from .config import compare_pairs, n_tokens, prune_settings, stored_units
+from .config import compare_pairs, prune_settings
 from .models import adapter
 from .models.files import is_gguf_model, resolve_hf
+from .models.sizes import n_tokens, stored_units
 
 __all__ = ["Plan", "StageRule", "BatchWildcards", "batch_jobs", "batched_samples", "both_masked_models",
            "compare_heads", "compare_inputs", "compare_targets", "explorer_parts",

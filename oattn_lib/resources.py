@@ -41,6 +41,8 @@ import os
 from dataclasses import dataclass
 
 from .data.safetensors_header import read_safetensors_header
+from .models import adapter
+from .models.sizes import n_units
 
 __all__ = ["JobModel", "MODELS", "GROWTH", "TIME_MARGIN", "MIN_RUNTIME", "largest_array_mb", "largest_head_mb", "head_tokens",
            "memory_mb", "stored_heads", "HeadJob", "HEAD_JOBS", "theorem1_head_samples", "head_job_memory_mb",
@@ -365,9 +367,6 @@ def model_job_features(rule: str, model: dict, model_dir: str | os.PathLike, pru
     sample's attention over every layer and head), all float32 MB. None when the layers, heads,
     tokens or weights cannot be known before the job (a hub id, samples of unknown length): the
     job then asks the profile's default."""
-    from .config import n_units
-    from .models import adapter
-
     units, tokens = n_units(model), adapter(model).max_tokens(model)
     files = model_files(model, model_dir)
     params = parameter_count(files)
@@ -391,10 +390,9 @@ def model_job_features(rule: str, model: dict, model_dir: str | os.PathLike, pru
 def prune_passes(prune: dict, model: dict | None = None, fraction: float = 0.1) -> int:
     """Masked forward passes of a prune job, as planned: (5 rankings + random_seeds orders) x
     mask sizes (0 to 100% in fraction_step) x held-out windows, and where the config entry `model`
-    tells its heads (`config.n_units`) the bottom test's null sets (docs/method.md §11.5) x
+    tells its heads (`models.sizes.n_units`) the bottom test's null sets (docs/method.md §11.5) x
     windows: every set of round(fraction x heads) heads where there are at most
     bottom_exact_max, else bottom_random_sets."""
-    from .config import n_units
     from .entropy import n_extreme
 
     shape = n_units(model) if model is not None else None

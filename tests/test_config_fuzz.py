@@ -21,7 +21,8 @@ import yaml
 from hypothesis import HealthCheck, Phase, assume, event, example, given, note, settings
 from hypothesis import strategies as st
 
-from oattn_lib.config import ConfigError, n_tokens, n_units, validate_config
+from oattn_lib.config import ConfigError, validate_config
+from oattn_lib.models.sizes import n_tokens, n_units
 from oattn_lib.models.files import SMOLLM2_FILE
 from wfutil import REPO, TINY, planned_jobs, snakemake
 

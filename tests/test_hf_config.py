@@ -15,7 +15,8 @@ import pytest
 import torch
 import xarray as xr
 
-from oattn_lib.config import ConfigError, complete_model, n_units
+from oattn_lib.config import ConfigError, complete_model
+from oattn_lib.models.sizes import n_units
 from oattn_lib.models import hf_recording
 from oattn_lib.stages.data import prepare_data
 from oattn_lib.stages.extract import extract_samples
