@@ -601,24 +601,24 @@ class Plan:
                 inputs[f"bottom_{name}"] = f"{R}/{name}/prune/bottom.csv"
         return inputs
 
+    def page_stores(self, model: str, samples: Iterable[int]) -> dict[str, list[str]]:
+        """The stores an explorer page encodes of `samples`: attention, organized, decomposed, organized2d."""
+        patterns = {"attention": self.attention, "organized": self.organized, "decomposed": self.decomposed,
+                    "organized2d": self.organized_2d}
+        return {k: self.stores(p, model, samples) for k, p in patterns.items()}
+
     def explorer_part_inputs(self, model: str, part: int) -> dict:
         """The plan and the stores of the samples of one explorer_samples job."""
         wanted = self.explorer_part_samples(model)[part]
         return {"plan": self.explorer_plan.format(model=model),
-                **{k: self.stores(p, model, wanted) for k, p in (("attention", self.attention),
-                                                                  ("organized", self.organized),
-                                                                  ("decomposed", self.decomposed),
-                                                                  ("organized2d", self.organized_2d))}}
+                **self.page_stores(model, wanted)}
 
     def explorer_inputs(self, model: str) -> dict:
         """What a model's page job reads: the shown samples' stores (a batched model, whose page job
         encodes them itself) or its plan and the explorer_samples jobs' parts, and the tables."""
         R = self.results
         if model in self.batched:
-            inputs = {k: self.shown_stores(p, model) for k, p in (("attention", self.attention),
-                                                                 ("organized", self.organized),
-                                                                 ("decomposed", self.decomposed),
-                                                                 ("organized2d", self.organized_2d))}
+            inputs = self.page_stores(model, self.shown(model))
         else:
             inputs = {"plan": self.explorer_plan.format(model=model),
                       "samples": [self.explorer_part.format(model=model, part=k)

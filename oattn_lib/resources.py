@@ -348,7 +348,6 @@ def model_files(model: dict, model_dir: str | os.PathLike) -> list[str]:
     folder for them is `model_dir` (`<results>/<model>/model`): its trained checkpoint there, the
     float32 directory a GGUF model is prepared into there, or its local Hugging Face directory;
     [] for a hub id or attention files."""
-    from .models import adapter
     from .models.files import is_gguf_model, resolve_hf
 
     if adapter(model).trains:

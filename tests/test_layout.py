@@ -99,12 +99,17 @@ def kind_tests(path: Path) -> list[str]:
     return bad
 
 
-def kind_readers() -> list[Path]:
+def source_files(names) -> list[Path]:
+    """The Python and Snakemake files of `names` (files, or folders read whole) under ROOT."""
     files = []
-    for name in KIND_READERS:
+    for name in names:
         p = ROOT / name
-        files += [p] if p.is_file() else sorted(p.rglob("*.py")) + sorted(p.rglob("*.smk"))
-    return [f for f in files if not f.is_relative_to(LIB / "models")]
+        files += [p] if p.is_file() else [f for pat in ("*.py", "*.smk", "Snakefile") for f in sorted(p.rglob(pat))]
+    return [f for f in files if "__pycache__" not in f.parts]
+
+
+def kind_readers() -> list[Path]:
+    return [f for f in source_files(KIND_READERS) if not f.is_relative_to(LIB / "models")]
 
 
 def test_only_the_model_kind_adapters_test_a_kind():
@@ -280,11 +285,7 @@ def measured_figures(path: Path) -> list[str]:
 
 
 def figure_readers() -> list[Path]:
-    files = []
-    for name in FIGURE_READERS:
-        p = ROOT / name
-        files += [p] if p.is_file() else [f for pat in ("*.py", "*.smk", "Snakefile") for f in sorted(p.rglob(pat))]
-    return [f for f in files if "__pycache__" not in f.parts]
+    return source_files(FIGURE_READERS)
 
 
 def test_no_comment_or_docstring_quotes_a_measured_figure():

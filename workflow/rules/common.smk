@@ -21,9 +21,7 @@ MODELS = PLAN.models
 SF_MODELS = PLAN.sf_models
 ANALYSED = PLAN.analysed
 PRUNE = PLAN.prune  # each model's head-ablation settings
-PRUNED = PLAN.pruned  # the models prune runs for
 STABLE = PLAN.stable  # the models with a `stability` section -> their replicated samples
-BATCHED = PLAN.batched  # the models whose per-sample stages run in batches (StageRule)
 MASKED_OTHER = PLAN.masked_other  # the models analysed under the other rule for masked entries too
 GGUF_MODELS = PLAN.gguf_models  # hf models stored as GGUF (prepare_model.smk)
 SF = config["softmax_free"]
@@ -60,9 +58,8 @@ DATASET_FILES = PLAN.dataset_files_of
 VIT_B_16_WEIGHTS = PLAN.vit_b_16_weights
 
 # -- jobs --------------------------------------------------------------------------------------
-# the batch jobs of the small models' per-sample stages, their replicated samples and the samples
-# their pages show; the masked_other jobs (one per model)
-BATCH_JOBS = PLAN.batch_jobs
+# the batch jobs of the small models' replicated samples and of the samples their pages show (the
+# per-sample stages' own: stage_rules); the masked_other jobs (one per model)
 STABILITY_BATCH_JOBS = PLAN.stability_batch_jobs
 SHOWN_BATCH_JOBS = PLAN.shown_batch_jobs
 MASKED_OTHER_JOBS = PLAN.masked_other_jobs
@@ -78,7 +75,6 @@ prepare_mem_mb = PLAN.prepare_mem_mb
 stage_rules = PLAN.stage_rules
 all_targets = PLAN.all_targets
 masked_other_paths = PLAN.masked_other_paths
-batch_paths = PLAN.stores
 
 
 # -- input and params functions: a job's wildcards looked up in the plan --------------------------
